@@ -1,0 +1,1 @@
+"""Generated gRPC stubs for the kubelet plugin APIs. Do not edit: run hack/gen-proto."""

@@ -1,0 +1,34 @@
+"""GPU inventory: one record type, two sources (NVML and simulated)."""
+
+from __future__ import annotations
+
+from dra_driver.gpus.model import MIB, Gpu, GpuSource, GpuSourceError, Inventory, SkippedGpu
+from dra_driver.gpus.simulated import SimulatedGpuSource, SimulatedSpecError
+
+
+def open_source(spec: str, seed: str = "sim") -> GpuSource:
+    """Return the GPU source for a ``--gpus`` value: ``nvml`` or ``simulated:<...>``.
+
+    Raises:
+        SimulatedSpecError: for an invalid ``simulated:`` spec or an unknown source name.
+    """
+    if spec == "nvml":
+        from dra_driver.gpus.nvml import NvmlGpuSource
+
+        return NvmlGpuSource()
+    if spec.startswith("simulated:"):
+        return SimulatedGpuSource(spec, seed=seed)
+    raise SimulatedSpecError(f"unknown GPU source {spec!r}: use 'nvml' or 'simulated:H200x8'")
+
+
+__all__ = [
+    "MIB",
+    "Gpu",
+    "GpuSource",
+    "GpuSourceError",
+    "Inventory",
+    "SimulatedGpuSource",
+    "SimulatedSpecError",
+    "SkippedGpu",
+    "open_source",
+]

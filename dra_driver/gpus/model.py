@@ -1,0 +1,95 @@
+"""The GPU record every inventory source returns, and the source interface."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+MIB = 1024 * 1024
+"""Bytes in one MiB."""
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One physical NVIDIA GPU as seen by NVML (or simulated with the same fields).
+
+    Attributes:
+        index: NVML device index (0-based).
+        minor: device minor number; the device node is ``/dev/nvidia<minor>``.
+        uuid: NVML UUID, e.g. ``GPU-0f5b1c9e-...``.
+        name: product name as NVML reports it, e.g. ``NVIDIA H200``.
+        memory_bytes: total device memory in bytes.
+        sm_count: streaming multiprocessor count.
+        compute_capability: ``"<major>.<minor>"``, e.g. ``"9.0"``.
+        architecture: lower-case architecture name, e.g. ``hopper``.
+        pci_bus_id: PCI bus id in the ``0000:19:00.0`` form (lower-case hex).
+        mig_enabled: whether MIG mode is currently enabled (such GPUs are not offered as
+            MPS fractions).
+        driver_version: NVIDIA kernel driver version, e.g. ``615.71.09``.
+        cuda_driver_version: CUDA driver API version, ``"<major>.<minor>"``, e.g. ``13.4``.
+    """
+
+    index: int
+    minor: int
+    uuid: str
+    name: str
+    memory_bytes: int
+    sm_count: int
+    compute_capability: str
+    architecture: str
+    pci_bus_id: str
+    mig_enabled: bool
+    driver_version: str
+    cuda_driver_version: str
+
+    @property
+    def memory_mib(self) -> int:
+        """Total device memory in whole MiB (rounded down)."""
+        return self.memory_bytes // MIB
+
+    @property
+    def device_node(self) -> str:
+        """The GPU's character device path, ``/dev/nvidia<minor>``."""
+        return f"/dev/nvidia{self.minor}"
+
+
+@dataclass(frozen=True)
+class SkippedGpu:
+    """A GPU the source saw but could not read; reported, never offered.
+
+    Attributes:
+        index: NVML device index.
+        reason: human-readable error, e.g. ``NVML_ERROR_GPU_IS_LOST``.
+    """
+
+    index: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """The result of one discovery: readable GPUs in index order plus skipped ones."""
+
+    gpus: tuple[Gpu, ...]
+    skipped: tuple[SkippedGpu, ...] = ()
+
+    def by_uuid(self, uuid: str) -> Gpu | None:
+        """Return the GPU with this UUID, or None when it is not (or no longer) present."""
+        return next((g for g in self.gpus if g.uuid == uuid), None)
+
+
+class GpuSource(Protocol):
+    """Anything that can list the node's GPUs (NVML or a simulated inventory)."""
+
+    def discover(self) -> Inventory:
+        """Return the node's GPUs; per-GPU read failures go to ``Inventory.skipped``.
+
+        Raises:
+            GpuSourceError: when the source as a whole cannot be used (no driver, NVML init
+                failure).
+        """
+        ...
+
+
+class GpuSourceError(RuntimeError):
+    """The GPU source as a whole is unusable (e.g. NVML cannot be initialised)."""

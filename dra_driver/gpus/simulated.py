@@ -1,0 +1,135 @@
+"""A simulated GPU inventory for machines without NVIDIA GPUs (tests, the demo, CI).
+
+Spec grammar: ``simulated:<MODEL>x<COUNT>[,<MODEL>x<COUNT>...][@<DRIVER_VERSION>]``, e.g.
+``simulated:H200x8``, ``simulated:V100-32GBx4``, ``simulated:H200x2,A100-80GBx2``,
+``simulated:L4x1@580.95.05``. Values per model follow what NVML reports on real cards
+(memory in bytes = the MiB that ``nvidia-smi`` shows x 1 MiB).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid as uuidlib
+from dataclasses import dataclass
+
+from dra_driver.gpus.model import MIB, Gpu, Inventory
+
+DEFAULT_DRIVER_VERSION = "615.71.09"
+"""r615 driver (CUDA 13.4): the first with MPS v3 and per-container memory limits."""
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    """Per-model constants of a simulated GPU (memory in MiB as nvidia-smi shows it)."""
+
+    name: str
+    memory_mib: int
+    sm_count: int
+    compute_capability: str
+    architecture: str
+    mig_enabled: bool = False
+
+
+PROFILES: dict[str, GpuProfile] = {
+    "H200": GpuProfile("NVIDIA H200", 143771, 132, "9.0", "hopper"),
+    "H100-80GB": GpuProfile("NVIDIA H100 80GB HBM3", 81559, 132, "9.0", "hopper"),
+    "A100-80GB": GpuProfile("NVIDIA A100-SXM4-80GB", 81920, 108, "8.0", "ampere"),
+    "A100-40GB": GpuProfile("NVIDIA A100-SXM4-40GB", 40960, 108, "8.0", "ampere"),
+    "A100-80GB-MIG": GpuProfile("NVIDIA A100-SXM4-80GB", 81920, 108, "8.0", "ampere", True),
+    "L4": GpuProfile("NVIDIA L4", 23034, 58, "8.9", "ada-lovelace"),
+    "V100-32GB": GpuProfile("Tesla V100-SXM2-32GB", 32768, 80, "7.0", "volta"),
+}
+"""Known simulated models, keyed by the name used in a spec."""
+
+_CUDA_FOR_DRIVER = ((615, "13.4"), (580, "13.0"), (570, "12.8"), (550, "12.4"), (535, "12.2"))
+_PART = re.compile(r"^(?P<model>[A-Za-z0-9-]+?)x(?P<count>[0-9]+)$")
+
+
+class SimulatedSpecError(ValueError):
+    """A ``simulated:`` spec that cannot be parsed; the message says what is wrong."""
+
+
+def cuda_version_for_driver(driver_version: str) -> str:
+    """Return the CUDA driver API version a given NVIDIA driver branch ships (e.g. 615 -> 13.4)."""
+    branch = int(driver_version.split(".", 1)[0])
+    for minimum, cuda in _CUDA_FOR_DRIVER:
+        if branch >= minimum:
+            return cuda
+    return "12.0"
+
+
+def parse_spec(spec: str) -> tuple[list[tuple[GpuProfile, int]], str]:
+    """Parse a ``simulated:...`` spec into ``([(profile, count), ...], driver_version)``.
+
+    Raises:
+        SimulatedSpecError: unknown prefix, model, bad count, empty spec or a bad driver version.
+    """
+    if not spec.startswith("simulated:"):
+        raise SimulatedSpecError(f"GPU spec {spec!r} must start with 'simulated:'")
+    body = spec.removeprefix("simulated:")
+    body, _, driver = body.partition("@")
+    driver = driver or DEFAULT_DRIVER_VERSION
+    if not re.fullmatch(r"[0-9]{3}\.[0-9]+(\.[0-9]+)?", driver):
+        raise SimulatedSpecError(f"driver version {driver!r} must look like 615.71.09")
+    parts: list[tuple[GpuProfile, int]] = []
+    for raw in filter(None, body.split(",")):
+        m = _PART.match(raw.strip())
+        if not m:
+            raise SimulatedSpecError(f"{raw!r} must be <MODEL>x<COUNT>, e.g. H200x8")
+        model, count = m["model"], int(m["count"])
+        if model not in PROFILES:
+            known = ", ".join(sorted(PROFILES))
+            raise SimulatedSpecError(f"unknown simulated GPU model {model!r}; known: {known}")
+        if count < 1 or count > 64:
+            raise SimulatedSpecError(f"count in {raw!r} must be between 1 and 64")
+        parts.append((PROFILES[model], count))
+    if not parts:
+        raise SimulatedSpecError(f"GPU spec {spec!r} names no GPUs")
+    return parts, driver
+
+
+class SimulatedGpuSource:
+    """A :class:`~dra_driver.gpus.model.GpuSource` built from a ``simulated:`` spec.
+
+    UUIDs are derived from ``seed`` (use the node name) and the index, so they are stable
+    across restarts and distinct between nodes.
+
+    Raises:
+        SimulatedSpecError: from the constructor when the spec is invalid.
+    """
+
+    def __init__(self, spec: str, seed: str = "sim") -> None:
+        self._parts, self._driver = parse_spec(spec)
+        self._seed = seed
+        self.vanished: set[int] = set()
+        """Indexes to report as gone on the next discovery (to simulate a lost GPU)."""
+
+    def discover(self) -> Inventory:
+        """Return the simulated GPUs in index order (minus any marked as vanished)."""
+        gpus: list[Gpu] = []
+        index = 0
+        cuda = cuda_version_for_driver(self._driver)
+        for profile, count in self._parts:
+            for _ in range(count):
+                if index not in self.vanished:
+                    gpus.append(self._gpu(profile, index, cuda))
+                index += 1
+        return Inventory(gpus=tuple(gpus))
+
+    def _gpu(self, profile: GpuProfile, index: int, cuda: str) -> Gpu:
+        uid = uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"simulated-gpu/{self._seed}/{index}")
+        bus = 0x18 + index * 0x10 if index < 14 else index
+        return Gpu(
+            index=index,
+            minor=index,
+            uuid=f"GPU-{uid}",
+            name=profile.name,
+            memory_bytes=profile.memory_mib * MIB,
+            sm_count=profile.sm_count,
+            compute_capability=profile.compute_capability,
+            architecture=profile.architecture,
+            pci_bus_id=f"0000:{bus:02x}:00.0",
+            mig_enabled=profile.mig_enabled,
+            driver_version=self._driver,
+            cuda_driver_version=cuda,
+        )
