@@ -51,7 +51,9 @@ class NvmlGpuSource:
 
     def __init__(self, nvml: Any = None) -> None:
         if nvml is None:
-            import pynvml as nvml
+            import pynvml
+
+            nvml = pynvml
         self._nvml = nvml
 
     def discover(self) -> Inventory:

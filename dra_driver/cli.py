@@ -1,0 +1,135 @@
+"""The ``dra-driver`` command line (also ``python -m dra_driver``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from dra_driver import DEFAULT_DRIVER_NAME, logs
+from dra_driver.kubelet.server import DEFAULT_PLUGIN_DIR, DEFAULT_REGISTRY_DIR
+
+DEFAULT_CDI_ROOT = "/var/run/cdi"
+DEFAULT_STATE_DIR = "/var/lib/gpu-fraction-dra"
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--driver",
+        default=os.environ.get("DRA_DRIVER_NAME", DEFAULT_DRIVER_NAME),
+        help=f"DRA driver name (default {DEFAULT_DRIVER_NAME}; env DRA_DRIVER_NAME)",
+    )
+    p.add_argument("--log-level", default="info", choices=logs.LEVELS)
+    p.add_argument("--log-format", default="json", choices=("json", "console"))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dra-driver",
+        description="Kubernetes DRA driver that shares NVIDIA GPUs as memory-capped fractions.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "kubelet-plugin",
+        help="run the node plugin (the main job)",
+        description="Serve the kubelet (registration, DRA v1/v1beta1, health), publish this "
+        "node's ResourceSlices, and prepare/unprepare claims.",
+    )
+    _add_common(p)
+    p.add_argument(
+        "--node-name", default=os.environ.get("NODE_NAME"), help="this node (env NODE_NAME)"
+    )
+    p.add_argument(
+        "--gpus",
+        default=os.environ.get("GPUS", "nvml"),
+        help="GPU source: 'nvml' (default) or 'simulated:H200x8' etc. (env GPUS)",
+    )
+    p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="default: in-cluster")
+    p.add_argument("--plugin-dir", default=DEFAULT_PLUGIN_DIR)
+    p.add_argument("--registry-dir", default=DEFAULT_REGISTRY_DIR)
+    p.add_argument("--cdi-root", default=DEFAULT_CDI_ROOT)
+    p.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
+    p.add_argument("--node-config", default=None, help="node configuration YAML file")
+    p.add_argument(
+        "--rolling-update-uid",
+        default=os.environ.get("POD_UID", ""),
+        help="pod UID for rolling-update socket names (env POD_UID); empty: classic names",
+    )
+    p.add_argument("--metrics-port", type=int, default=0, help="serve /metrics here (0: off)")
+    p.add_argument(
+        "--publish-interval", type=float, default=30.0, help="seconds between slice syncs"
+    )
+
+    p = sub.add_parser(
+        "render-slices",
+        help="print the ResourceSlices a node would publish (JSON array)",
+        description="Print, as a JSON array of resource.k8s.io/v1 objects, exactly the "
+        "ResourceSlices the plugin would publish for this node.",
+    )
+    _add_common(p)
+    p.add_argument("--node", required=True, help="node name (also the pool name)")
+    p.add_argument("--gpus", required=True, help="GPU source, e.g. simulated:H200x8 or nvml")
+    p.add_argument("--config", default=None, help="node configuration YAML file")
+
+    p = sub.add_parser(
+        "status",
+        help="show the claims prepared on this node (from the checkpoint)",
+        description="Print the checkpoint's prepared claims and CDI specs as JSON.",
+    )
+    _add_common(p)
+    p.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the process exit code (2 for usage/config errors)."""
+    args = _parser().parse_args(argv)
+    logs.configure(args.log_level, args.log_format)
+    if args.command == "render-slices":
+        from dra_driver.config import ConfigError
+        from dra_driver.gpus import SimulatedSpecError
+        from dra_driver.slices import render_slices_json
+
+        try:
+            print(render_slices_json(args.node, args.gpus, args.config, args.driver))
+        except (ConfigError, SimulatedSpecError, OSError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    if args.command == "status":
+        path = Path(args.state_dir) / "checkpoint.json"
+        if not path.exists():
+            print(json.dumps({"claims": {}}))
+            return 0
+        doc = json.loads(path.read_text())
+        summary = {
+            uid: {k: rec[k] for k in ("namespace", "name", "devices")}
+            for uid, rec in doc.get("claims", {}).items()
+        }
+        print(json.dumps({"bootId": doc.get("bootId"), "claims": summary}, indent=2))
+        return 0
+    from dra_driver.plugin import PluginOptions, run
+
+    if not args.node_name:
+        print("error: --node-name (or NODE_NAME) is required", file=sys.stderr)
+        return 2
+    return run(
+        PluginOptions(
+            driver_name=args.driver,
+            node_name=args.node_name,
+            gpus=args.gpus,
+            kubeconfig=args.kubeconfig,
+            plugin_dir=args.plugin_dir,
+            registry_dir=args.registry_dir,
+            cdi_root=args.cdi_root,
+            state_dir=args.state_dir,
+            node_config=args.node_config,
+            rolling_update_uid=args.rolling_update_uid,
+            metrics_port=args.metrics_port,
+            publish_interval=args.publish_interval,
+        )
+    )

@@ -1,0 +1,69 @@
+"""``pluginregistration.Registration``: how the kubelet discovers the plugin.
+
+The kubelet watches ``<registry-dir>`` for ``<driver>-reg.sock``, calls ``GetInfo`` and
+then ``NotifyRegistrationStatus`` (dra-notes: "Kubelet plugin protocol").
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import grpc
+import structlog
+
+from dra_driver._proto import registration_pb2 as pb
+from dra_driver._proto import registration_pb2_grpc as pb_grpc
+
+log = structlog.get_logger(__name__)
+
+SUPPORTED_VERSIONS = (
+    "v1.DRAPlugin",
+    "v1beta1.DRAPlugin",
+    "v1.DRAResourceHealth",
+    "v1alpha1.DRAResourceHealth",
+)
+"""Services we serve, in preference order: the kubelet takes the first it supports."""
+
+
+class RegistrationServicer(pb_grpc.RegistrationServicer):
+    """Answers ``GetInfo`` and records ``NotifyRegistrationStatus``.
+
+    ``on_rejected`` is called (with the kubelet's error text) when the kubelet reports
+    ``plugin_registered=false``; the plugin then re-creates its registration socket so the
+    kubelet tries again.
+    """
+
+    def __init__(
+        self, driver_name: str, endpoint: str, on_rejected: Callable[[str], None] | None = None
+    ) -> None:
+        self.driver_name = driver_name
+        self.endpoint = endpoint
+        self.on_rejected = on_rejected
+        self.registered = threading.Event()
+        self.last_error = ""
+
+    def GetInfo(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.PluginInfo:  # noqa: N802
+        """Return type DRAPlugin, our name, DRA socket path and supported versions."""
+        return pb.PluginInfo(
+            type="DRAPlugin",
+            name=self.driver_name,
+            endpoint=self.endpoint,
+            supported_versions=list(SUPPORTED_VERSIONS),
+        )
+
+    def NotifyRegistrationStatus(  # noqa: N802
+        self, request: pb.RegistrationStatus, context: grpc.ServicerContext
+    ) -> pb.RegistrationStatusResponse:
+        """Log the kubelet's verdict; on rejection schedule a re-registration."""
+        if request.plugin_registered:
+            self.last_error = ""
+            self.registered.set()
+            log.info("registered with kubelet", driver=self.driver_name)
+        else:
+            self.last_error = request.error
+            self.registered.clear()
+            log.error("kubelet rejected registration; retrying", error=request.error)
+            if self.on_rejected is not None:
+                self.on_rejected(request.error)
+        return pb.RegistrationStatusResponse()

@@ -1,0 +1,36 @@
+"""One lock for Prepare/Unprepare shared by threads and by plugin instances.
+
+During a rolling update two plugin processes serve the same node; the kubelet may send
+Prepare to one and Unprepare to the other (dra-notes: "serialize through a file lock
+shared by instances"). :class:`PrepareLock` holds a ``threading.Lock`` and an exclusive
+``flock`` on a file in the plugin directory.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+class PrepareLock:
+    """Exclusive lock over ``path`` (created if missing) for threads and processes."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._thread_lock = threading.Lock()
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Block until both the thread lock and the file lock are held."""
+        with self._thread_lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)

@@ -1,0 +1,42 @@
+"""Prometheus metrics of the plugin (served on ``/metrics`` by the kubelet-plugin command)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+
+class Metrics:
+    """The plugin's metrics in their own registry (so tests can create several).
+
+    Metrics:
+        ``dra_gpu_fraction_operations_total{operation}``: claims handled by prepare/unprepare.
+        ``dra_gpu_fraction_errors_total{operation}``: per-claim failures (and checkpoint errors).
+        ``dra_gpu_fraction_call_duration_seconds{operation}``: one gRPC call, seconds.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.operations = Counter(
+            "dra_gpu_fraction_operations",
+            "Claims handled, by operation (prepare, unprepare)",
+            ["operation"],
+            registry=self.registry,
+        )
+        self.errors = Counter(
+            "dra_gpu_fraction_errors",
+            "Per-claim failures, by operation (prepare, unprepare, checkpoint)",
+            ["operation"],
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "dra_gpu_fraction_call_duration_seconds",
+            "Duration of one Prepare/Unprepare call, seconds",
+            ["operation"],
+            registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+
+    def observe(self, operation: str, claims: int, seconds: float) -> None:
+        """Record one call handling ``claims`` claims in ``seconds``."""
+        self.operations.labels(operation=operation).inc(claims)
+        self.duration.labels(operation=operation).observe(seconds)

@@ -1,0 +1,38 @@
+"""The enforcement interface the plugin's Prepare/Unprepare call."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from dra_driver.cdi import ContainerEdits
+from dra_driver.prepare import ClaimPlan
+
+
+class MpsError(RuntimeError):
+    """Enforcement failed for one claim (daemon down, command refused); message is user-facing."""
+
+
+class FractionEnforcer(Protocol):
+    """Applies and removes a claim's memory ceilings and compute mode on the node.
+
+    Every method is idempotent: applying an applied claim or releasing an unknown one is
+    not an error. Calls are serialized by the plugin's prepare lock.
+    """
+
+    def apply(self, plan: ClaimPlan) -> Mapping[str, ContainerEdits]:
+        """Enforce ``plan``; return the container edits per device plan key
+        (``DevicePlan.key``): env, mounts and hooks (device nodes are added by the caller).
+
+        Raises:
+            MpsError: when the claim cannot be enforced; nothing of it is left applied.
+        """
+        ...
+
+    def release(self, claim_uid: str) -> None:
+        """Remove everything :meth:`apply` set up for the claim (unknown UID: no-op)."""
+        ...
+
+    def restore(self, plans: Sequence[ClaimPlan]) -> None:
+        """Re-apply every prepared claim after a plugin or daemon restart."""
+        ...

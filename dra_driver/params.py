@@ -1,0 +1,156 @@
+"""The driver's opaque claim parameters: parsing, validation and merging.
+
+A ResourceClaim (or DeviceClass) carries them in ``spec.devices.config[].opaque`` with
+``driver: <our driver>``; the allocation result copies them to
+``status.allocation.devices.config`` with ``source`` FromClass or FromClaim. Shape::
+
+    apiVersion: gpu-fraction.dra.dev/v1alpha1
+    kind: GpuFractionParameters
+    memoryLimit: 60Gi            # absolute ceiling (Kubernetes quantity), or
+    memoryLimitPortion: "0.8"    # ceiling as a portion of the card, in (0, 1]
+    computeMode: sm-sharing      # or time-slicing; must equal the GPU's mode
+    activeThreadPercentage: 50   # 1..100, sm-sharing only
+
+Every field is optional. Class configs apply first, then claim configs; a later config
+overrides the fields it sets (Kubernetes DRA: "the later wins").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+from typing import Any
+
+from kubernetes.utils import parse_quantity
+
+PARAMS_API_VERSION = "gpu-fraction.dra.dev/v1alpha1"
+PARAMS_KIND = "GpuFractionParameters"
+COMPUTE_MODES = ("time-slicing", "sm-sharing")
+"""The two compute modes; one GPU carries exactly one of them."""
+
+_FIELDS = {
+    "apiVersion",
+    "kind",
+    "memoryLimit",
+    "memoryLimitPortion",
+    "computeMode",
+    "activeThreadPercentage",
+}
+
+
+class ParameterError(ValueError):
+    """Invalid claim parameters; the message names the field and how to fix it."""
+
+
+@dataclass(frozen=True)
+class ClaimParameters:
+    """Validated parameters for one allocated device (after merging).
+
+    Attributes:
+        memory_limit_bytes: absolute ceiling in bytes, or None.
+        memory_limit_portion: ceiling as a portion of the card in (0, 1], or None.
+        compute_mode: ``time-slicing`` | ``sm-sharing`` | None (= the GPU's mode).
+        active_thread_percentage: 1..100 or None (sm-sharing only).
+    """
+
+    memory_limit_bytes: int | None = None
+    memory_limit_portion: Fraction | None = None
+    compute_mode: str | None = None
+    active_thread_percentage: int | None = None
+
+    def merged(self, later: ClaimParameters) -> ClaimParameters:
+        """Return these parameters overridden by every field ``later`` sets.
+
+        Setting one of the two memory-limit fields clears the other, so a claim's portion
+        replaces a class's absolute limit (and vice versa).
+        """
+        out = self
+        if later.memory_limit_bytes is not None or later.memory_limit_portion is not None:
+            out = replace(out, memory_limit_bytes=None, memory_limit_portion=None)
+        for f in fields(later):
+            value = getattr(later, f.name)
+            if value is not None:
+                out = replace(out, **{f.name: value})
+        return out
+
+
+def _quantity_bytes(value: Any, where: str) -> int:
+    try:
+        q = parse_quantity(value)
+    except (ValueError, TypeError, InvalidOperation) as exc:
+        raise ParameterError(
+            f"{where}: {value!r} is not a Kubernetes quantity (e.g. 60Gi, 512Mi)"
+        ) from exc
+    if q <= 0:
+        raise ParameterError(f"{where}: {value!r} must be greater than zero")
+    if q != q.to_integral_value():
+        raise ParameterError(f"{where}: {value!r} must be a whole number of bytes")
+    return int(q)
+
+
+def _portion(value: Any, where: str) -> Fraction:
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ParameterError(f'{where}: {value!r} must be a number in (0, 1], e.g. "0.8"')
+    try:
+        portion = Fraction(Decimal(str(value)))
+    except (InvalidOperation, ValueError) as exc:
+        raise ParameterError(f'{where}: {value!r} must be a number in (0, 1], e.g. "0.8"') from exc
+    if not 0 < portion <= 1:
+        raise ParameterError(f"{where}: {value} is outside (0, 1]")
+    return portion
+
+
+def parse_parameters(raw: Any, where: str = "parameters") -> ClaimParameters:
+    """Validate one opaque ``parameters`` object.
+
+    Args:
+        raw: the decoded JSON object from ``opaque.parameters``.
+        where: a prefix for error messages, e.g. ``claim config #0``.
+
+    Raises:
+        ParameterError: not an object, wrong apiVersion/kind, unknown field, malformed
+            quantity, portion outside (0, 1], both limit forms at once, unknown compute
+            mode, percentage outside 1..100, or a percentage with time-slicing.
+    """
+    if not isinstance(raw, dict):
+        raise ParameterError(f"{where}: must be an object, got {type(raw).__name__}")
+    if raw.get("apiVersion") != PARAMS_API_VERSION or raw.get("kind") != PARAMS_KIND:
+        raise ParameterError(
+            f"{where}: apiVersion/kind must be {PARAMS_API_VERSION}/{PARAMS_KIND}, "
+            f"got {raw.get('apiVersion')!r}/{raw.get('kind')!r}"
+        )
+    unknown = sorted(set(raw) - _FIELDS)
+    if unknown:
+        raise ParameterError(
+            f"{where}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(_FIELDS))}"
+        )
+    if "memoryLimit" in raw and "memoryLimitPortion" in raw:
+        raise ParameterError(f"{where}: set memoryLimit or memoryLimitPortion, not both")
+    mode = raw.get("computeMode")
+    if mode is not None and mode not in COMPUTE_MODES:
+        raise ParameterError(
+            f"{where}.computeMode: {mode!r} must be one of {', '.join(COMPUTE_MODES)}"
+        )
+    pct = raw.get("activeThreadPercentage")
+    if pct is not None:
+        if isinstance(pct, bool) or not isinstance(pct, int) or not 1 <= pct <= 100:
+            raise ParameterError(f"{where}.activeThreadPercentage: {pct!r} must be 1..100")
+        if mode == "time-slicing":
+            raise ParameterError(
+                f"{where}.activeThreadPercentage is only valid with computeMode sm-sharing"
+            )
+    return ClaimParameters(
+        memory_limit_bytes=(
+            _quantity_bytes(raw["memoryLimit"], f"{where}.memoryLimit")
+            if "memoryLimit" in raw
+            else None
+        ),
+        memory_limit_portion=(
+            _portion(raw["memoryLimitPortion"], f"{where}.memoryLimitPortion")
+            if "memoryLimitPortion" in raw
+            else None
+        ),
+        compute_mode=mode,
+        active_thread_percentage=pct,
+    )

@@ -1,0 +1,139 @@
+"""``dra-driver kubelet-plugin``: wires inventory, slices, Prepare/Unprepare and gRPC together."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import structlog
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from prometheus_client import start_http_server
+
+from dra_driver.checkpoint import read_boot_id
+from dra_driver.claims import ApiClaimReader
+from dra_driver.config import NodeConfig, load_node_config
+from dra_driver.driver import Driver
+from dra_driver.gpus import GpuSource, Inventory, open_source
+from dra_driver.kubelet.server import PluginServer, SocketPaths
+from dra_driver.locking import PrepareLock
+from dra_driver.metrics import Metrics
+from dra_driver.mps import FractionEnforcer, RecordingEnforcer
+from dra_driver.publisher import SlicePublisher
+from dra_driver.slices import FractionDevice, build_slices, plan_devices
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class PluginOptions:
+    """Everything ``kubelet-plugin`` takes from its flags (see ``dra-driver kubelet-plugin -h``)."""
+
+    driver_name: str
+    node_name: str
+    gpus: str
+    kubeconfig: str | None
+    plugin_dir: str
+    registry_dir: str
+    cdi_root: str
+    state_dir: str
+    node_config: str | None
+    rolling_update_uid: str = ""
+    metrics_port: int = 0
+    publish_interval: float = 30.0
+    health_interval: float = 20.0
+
+
+class NodeState:
+    """The node's current inventory and fraction devices, refreshed by :meth:`refresh`."""
+
+    def __init__(self, source: GpuSource, config: NodeConfig) -> None:
+        self.source = source
+        self.config = config
+        self._lock = threading.Lock()
+        self.inventory = Inventory(gpus=())
+        self._devices: dict[str, FractionDevice] = {}
+
+    def refresh(self) -> None:
+        """Re-discover GPUs and recompute the fraction devices."""
+        inventory = self.source.discover()
+        devices = {d.name: d for d in plan_devices(inventory, self.config)}
+        with self._lock:
+            self.inventory, self._devices = inventory, devices
+
+    def devices(self) -> Mapping[str, FractionDevice]:
+        """The current fraction devices by name."""
+        with self._lock:
+            return self._devices
+
+
+def api_client(kubeconfig: str | None) -> k8s.ApiClient:
+    """An API client from ``kubeconfig``, or in-cluster config when None."""
+    if kubeconfig:
+        made: k8s.ApiClient = k8s_config.new_client_from_config(config_file=kubeconfig)
+        return made
+    k8s_config.load_incluster_config()
+    return k8s.ApiClient()
+
+
+def make_enforcer(opts: PluginOptions) -> FractionEnforcer:
+    """The enforcer for this node: recording for simulated GPUs."""
+    return RecordingEnforcer()
+
+
+def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
+    """Run the plugin until SIGTERM/SIGINT (or ``stop``); returns the exit code."""
+    stop = stop or threading.Event()
+    config = load_node_config(opts.node_config)
+    state = NodeState(open_source(opts.gpus, seed=opts.node_name), config)
+    state.refresh()
+    api = api_client(opts.kubeconfig)
+    metrics = Metrics()
+    paths = SocketPaths.for_driver(
+        opts.driver_name, opts.plugin_dir, opts.registry_dir, opts.rolling_update_uid
+    )
+    driver = Driver(
+        driver_name=opts.driver_name,
+        pool=opts.node_name,
+        reader=ApiClaimReader(api),
+        devices=state.devices,
+        enforcer=make_enforcer(opts),
+        cdi_root=opts.cdi_root,
+        state_dir=opts.state_dir,
+        lock=PrepareLock(Path(opts.plugin_dir) / opts.driver_name / "prepare.lock"),
+        boot_id=read_boot_id(),
+        metrics=metrics,
+    )
+    driver.start()
+    publisher = SlicePublisher(k8s.ResourceV1Api(api), opts.driver_name, opts.node_name)
+
+    def desired() -> list[dict[str, object]]:
+        state.refresh()
+        return build_slices(state.inventory, config, opts.driver_name, opts.node_name)
+
+    server = PluginServer(driver, paths, state.devices, opts.health_interval)
+    server.start()
+    if opts.metrics_port:
+        start_http_server(opts.metrics_port, registry=metrics.registry)
+    publishing = threading.Thread(
+        target=publisher.run, args=(stop, desired, opts.publish_interval), daemon=True
+    )
+    publishing.start()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("signal received; stopping", signal=signum)
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+    log.info("kubelet plugin running", node=opts.node_name, gpus=len(state.inventory.gpus))
+    stop.wait()
+    server.stop()
+    publishing.join(timeout=5)
+    driver.close()
+    return 0

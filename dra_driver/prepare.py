@@ -1,0 +1,258 @@
+"""Pure planning for NodePrepareResources: claim + allocation + node facts -> what to enforce.
+
+No I/O here. :func:`plan_claim` turns the ResourceClaim (API JSON, as read from the API
+server) into a :class:`ClaimPlan`: for each device allocated to this driver on this node,
+the GPU, the memory request and ceiling (bytes), the compute mode and the SM percentage.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from decimal import InvalidOperation
+from typing import Any
+
+from kubernetes.utils import parse_quantity
+
+from dra_driver.gpus import Gpu
+from dra_driver.ids import PrepareError, validate_uid
+from dra_driver.params import ClaimParameters, ParameterError, parse_parameters
+from dra_driver.slices import FractionDevice
+
+__all__ = [
+    "ClaimPlan",
+    "ClaimRef",
+    "DevicePlan",
+    "PrepareError",
+    "plan_claim",
+    "plan_from_json",
+    "plan_to_json",
+    "validate_uid",
+]
+
+_SHARE_ID = re.compile(r"^[0-9a-z]([0-9a-z-]{0,61}[0-9a-z])?$")
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    """The claim identity the kubelet sends: namespace, name, UID."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """What to enforce for one allocated device (one fraction of one GPU).
+
+    Attributes:
+        request_names: the claim's request names this device satisfies.
+        pool: ResourceSlice pool (the node name).
+        device: device name in the ResourceSlice, e.g. ``gpu-0-quarter-2``.
+        share_id: allocation ``shareID`` (consumable capacity) or None.
+        gpu: the physical GPU.
+        compute_mode: ``time-slicing`` | ``sm-sharing`` (the GPU's mode).
+        memory_request_bytes: guaranteed memory (soft limit), bytes.
+        memory_limit_bytes: ceiling (hard limit), bytes; request <= limit <= card memory.
+        active_thread_percentage: SM ceiling 1..100 (sm-sharing) or None.
+    """
+
+    request_names: tuple[str, ...]
+    pool: str
+    device: str
+    share_id: str | None
+    gpu: Gpu
+    compute_mode: str
+    memory_request_bytes: int
+    memory_limit_bytes: int
+    active_thread_percentage: int | None
+
+    @property
+    def key(self) -> str:
+        """A name unique within the claim: the device name plus the share ID if any."""
+        return f"{self.device}-{self.share_id}" if self.share_id else self.device
+
+
+@dataclass(frozen=True)
+class ClaimPlan:
+    """Everything Prepare enforces for one claim: its identity and its device plans."""
+
+    claim: ClaimRef
+    devices: tuple[DevicePlan, ...]
+
+
+def _applies(config: Mapping[str, Any], request: str) -> bool:
+    requests = config.get("requests") or []
+    parent = request.split("/", 1)[0]
+    return not requests or request in requests or parent in requests
+
+
+def _parameters_for(configs: list[Mapping[str, Any]], request: str, driver: str) -> ClaimParameters:
+    ordered = sorted(
+        enumerate(configs), key=lambda item: (item[1].get("source") != "FromClass", item[0])
+    )
+    params = ClaimParameters()
+    for index, config in ordered:
+        opaque = config.get("opaque") or {}
+        if opaque.get("driver") != driver or not _applies(config, request):
+            continue
+        source = "class" if config.get("source") == "FromClass" else "claim"
+        where = f"{source} config #{index} for request {request!r}"
+        params = params.merged(parse_parameters(opaque.get("parameters"), where))
+    return params
+
+
+def _consumed_memory(result: Mapping[str, Any]) -> int | None:
+    raw = (result.get("consumedCapacity") or {}).get("memory")
+    if raw is None:
+        return None
+    try:
+        return int(parse_quantity(raw))
+    except (ValueError, InvalidOperation) as exc:
+        raise PrepareError(f"consumedCapacity.memory {raw!r} is not a quantity") from exc
+
+
+def _plan_device(
+    result: Mapping[str, Any],
+    fraction: FractionDevice,
+    params: ClaimParameters,
+) -> DevicePlan:
+    gpu = fraction.gpu
+    where = f"device {fraction.name} (GPU {gpu.index}, {gpu.uuid})"
+    if params.compute_mode and params.compute_mode != fraction.compute_mode:
+        raise PrepareError(
+            f"{where} runs compute mode {fraction.compute_mode}; the claim asks for "
+            f"{params.compute_mode}. Use a DeviceClass or selector for {params.compute_mode} GPUs"
+        )
+    if params.active_thread_percentage is not None and fraction.compute_mode != "sm-sharing":
+        raise PrepareError(
+            f"{where}: activeThreadPercentage needs compute mode sm-sharing; "
+            f"this GPU runs {fraction.compute_mode}"
+        )
+    request = fraction.memory_bytes
+    if fraction.fraction_model == "capacity":
+        consumed = _consumed_memory(result)
+        request = consumed if consumed is not None else fraction.memory_bytes
+    card = gpu.memory_bytes
+    if params.memory_limit_bytes is not None:
+        limit = params.memory_limit_bytes
+    elif params.memory_limit_portion is not None:
+        limit = int(card * params.memory_limit_portion)
+    else:
+        limit = request
+    if limit < request:
+        raise PrepareError(
+            f"{where}: memory limit {limit} bytes is below the request {request} bytes; "
+            "raise memoryLimit/memoryLimitPortion or pick a smaller product"
+        )
+    if limit > card:
+        raise PrepareError(f"{where}: memory limit {limit} bytes exceeds the card's {card} bytes")
+    return DevicePlan(
+        request_names=(str(result["request"]),),
+        pool=str(result["pool"]),
+        device=fraction.name,
+        share_id=result.get("shareID"),
+        gpu=gpu,
+        compute_mode=fraction.compute_mode,
+        memory_request_bytes=request,
+        memory_limit_bytes=limit,
+        active_thread_percentage=params.active_thread_percentage,
+    )
+
+
+def plan_claim(
+    ref: ClaimRef,
+    claim: Mapping[str, Any],
+    driver: str,
+    pool: str,
+    devices: Mapping[str, FractionDevice],
+) -> ClaimPlan:
+    """Decide what to enforce for one claim.
+
+    Args:
+        ref: namespace/name/UID the kubelet asked for.
+        claim: the ResourceClaim as API JSON (``metadata``, ``status.allocation``).
+        driver: our driver name; results of other drivers are ignored.
+        pool: our pool name (the node name).
+        devices: this node's fraction devices by name (from ``slices.plan_devices``).
+
+    Raises:
+        PrepareError: UID mismatch or malformed, not allocated, no results for this driver,
+            a result for another pool or an unknown device, a bad share ID, malformed or
+            contradictory parameters (limit below request or above the card, a mode other
+            than the GPU's, an SM percentage on a time-slicing GPU).
+    """
+    validate_uid(ref.uid)
+    meta = claim.get("metadata") or {}
+    if meta.get("uid") != ref.uid:
+        raise PrepareError(
+            f"claim {ref.namespace}/{ref.name} has UID {meta.get('uid')!r}, kubelet asked for "
+            f"{ref.uid!r} (the claim was deleted and recreated); the pod must be recreated"
+        )
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        raise PrepareError(f"claim {ref.namespace}/{ref.name} is not allocated")
+    alloc_devices = allocation.get("devices") or {}
+    results = [r for r in alloc_devices.get("results") or [] if r.get("driver") == driver]
+    if not results:
+        raise PrepareError(
+            f"claim {ref.namespace}/{ref.name} has no allocation results for driver {driver}"
+        )
+    configs = list(alloc_devices.get("config") or [])
+    plans: dict[tuple[str, str | None], DevicePlan] = {}
+    for result in results:
+        name = str(result.get("device", ""))
+        if result.get("pool") != pool:
+            raise PrepareError(
+                f"device {result.get('pool')}/{name} is not on this node (pool {pool})"
+            )
+        fraction = devices.get(name)
+        if fraction is None:
+            raise PrepareError(
+                f"device {name} is not on this node any more (GPU removed or reconfigured)"
+            )
+        share_id = result.get("shareID")
+        if share_id is not None and not _SHARE_ID.match(str(share_id)):
+            raise PrepareError(f"device {name}: shareID {share_id!r} is malformed")
+        try:
+            params = _parameters_for(configs, str(result["request"]), driver)
+        except ParameterError as exc:
+            raise PrepareError(str(exc)) from exc
+        plan = _plan_device(result, fraction, params)
+        key = (plan.device, plan.share_id)
+        if key in plans:
+            previous = plans[key]
+            plan = DevicePlan(
+                **{
+                    **previous.__dict__,
+                    "request_names": previous.request_names + plan.request_names,
+                }
+            )
+        plans[key] = plan
+    return ClaimPlan(claim=ref, devices=tuple(plans.values()))
+
+
+def plan_to_json(plan: ClaimPlan) -> dict[str, Any]:
+    """Serialize a plan for the checkpoint (plain JSON types)."""
+    return asdict(plan)
+
+
+def plan_from_json(doc: Mapping[str, Any]) -> ClaimPlan:
+    """Inverse of :func:`plan_to_json`.
+
+    Raises:
+        KeyError, TypeError: when ``doc`` is not a serialized plan.
+    """
+    devices = tuple(
+        DevicePlan(
+            **{
+                **d,
+                "request_names": tuple(d["request_names"]),
+                "gpu": Gpu(**d["gpu"]),
+            }
+        )
+        for d in doc["devices"]
+    )
+    return ClaimPlan(claim=ClaimRef(**doc["claim"]), devices=devices)

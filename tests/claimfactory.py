@@ -1,0 +1,59 @@
+"""Builders of ResourceClaim API JSON as the scheduler leaves it (allocated)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from dra_driver import DEFAULT_DRIVER_NAME
+from dra_driver.params import PARAMS_API_VERSION, PARAMS_KIND
+
+DRIVER = DEFAULT_DRIVER_NAME
+
+
+def result(
+    device: str,
+    pool: str,
+    request: str = "gpu",
+    driver: str = DRIVER,
+    share_id: str | None = None,
+    memory: str | None = None,
+) -> dict[str, Any]:
+    r: dict[str, Any] = {"request": request, "driver": driver, "pool": pool, "device": device}
+    if share_id:
+        r["shareID"] = share_id
+    if memory:
+        r["consumedCapacity"] = {"memory": memory}
+    return r
+
+
+def opaque(
+    source: str = "FromClaim", requests: list[str] | None = None, **fields: Any
+) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "source": source,
+        "opaque": {
+            "driver": DRIVER,
+            "parameters": {"apiVersion": PARAMS_API_VERSION, "kind": PARAMS_KIND, **fields},
+        },
+    }
+    if requests:
+        cfg["requests"] = requests
+    return cfg
+
+
+def claim(
+    results: list[dict[str, Any]],
+    configs: list[dict[str, Any]] | None = None,
+    namespace: str = "default",
+    name: str | None = None,
+    uid: str | None = None,
+) -> dict[str, Any]:
+    uid = uid or str(uuid.uuid4())
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"namespace": namespace, "name": name or f"claim-{uid[:8]}", "uid": uid},
+        "spec": {"devices": {"requests": []}},
+        "status": {"allocation": {"devices": {"results": results, "config": configs or []}}},
+    }

@@ -1,0 +1,129 @@
+"""Shared fixtures: a plugin served over real unix sockets, driven like the kubelet."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from dra_driver import DEFAULT_DRIVER_NAME
+from dra_driver._proto import (
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2_grpc,
+    registration_pb2,
+    registration_pb2_grpc,
+)
+from dra_driver.claims import ApiClaimReader
+from dra_driver.config import load_node_config
+from dra_driver.driver import Driver
+from dra_driver.gpus import SimulatedGpuSource
+from dra_driver.kubelet.server import PluginServer, SocketPaths
+from dra_driver.locking import PrepareLock
+from dra_driver.mps import RecordingEnforcer
+from dra_driver.slices import FractionDevice, plan_devices
+from tests.apiserver_stub import ClaimServer
+
+NODE = "node-a"
+
+
+@dataclass
+class Node:
+    """Directories, the simulated inventory and what the kubelet would see."""
+
+    root: Path
+    devices: dict[str, FractionDevice]
+    claims: ClaimServer
+    enforcer: RecordingEnforcer
+
+    @property
+    def cdi_root(self) -> Path:
+        return self.root / "cdi"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "state"
+
+    @property
+    def plugin_dir(self) -> Path:
+        return self.root / "plugins"
+
+    @property
+    def registry_dir(self) -> Path:
+        return self.root / "registry"
+
+    def driver(self, boot_id: str = "boot-1") -> Driver:
+        d = Driver(
+            driver_name=DEFAULT_DRIVER_NAME,
+            pool=NODE,
+            reader=ApiClaimReader(self.claims.api_client()),
+            devices=lambda: self.devices,
+            enforcer=self.enforcer,
+            cdi_root=self.cdi_root,
+            state_dir=self.state_dir,
+            lock=PrepareLock(self.plugin_dir / DEFAULT_DRIVER_NAME / "prepare.lock"),
+            boot_id=boot_id,
+        )
+        d.start()
+        return d
+
+    def device(self, gpu: int, product: str | None) -> str:
+        """Name of the first device of ``product`` (None: capacity device) on GPU ``gpu``."""
+        return next(
+            d.name for d in self.devices.values() if d.gpu.index == gpu and d.product == product
+        )
+
+
+@pytest.fixture
+def node() -> Iterator[Node]:
+    # Short paths: unix socket paths are limited to 107 bytes.
+    with tempfile.TemporaryDirectory(prefix="dra-") as tmp, ClaimServer() as claims:
+        inventory = SimulatedGpuSource("simulated:H200x2", seed=NODE).discover()
+        devices = {d.name: d for d in plan_devices(inventory, load_node_config(None))}
+        yield Node(Path(tmp), devices, claims, RecordingEnforcer())
+
+
+@dataclass
+class Kubelet:
+    """Talks to a running plugin the way the kubelet does."""
+
+    info: registration_pb2.PluginInfo
+    v1: dra_v1_pb2_grpc.DRAPluginStub
+    v1beta1: dra_v1beta1_pb2_grpc.DRAPluginStub
+    registration: registration_pb2_grpc.RegistrationStub
+    channel: grpc.Channel
+
+
+def kubelet_connect(paths: SocketPaths) -> Kubelet:
+    reg_channel = grpc.insecure_channel(f"unix://{paths.registration}")
+    registration = registration_pb2_grpc.RegistrationStub(reg_channel)
+    info = registration.GetInfo(registration_pb2.InfoRequest(), timeout=1)
+    registration.NotifyRegistrationStatus(
+        registration_pb2.RegistrationStatus(plugin_registered=True), timeout=5
+    )
+    channel = grpc.insecure_channel(f"unix://{info.endpoint}")
+    return Kubelet(
+        info,
+        dra_v1_pb2_grpc.DRAPluginStub(channel),
+        dra_v1beta1_pb2_grpc.DRAPluginStub(channel),
+        registration,
+        channel,
+    )
+
+
+@pytest.fixture
+def served(node: Node) -> Iterator[tuple[Node, PluginServer, Kubelet]]:
+    paths = SocketPaths.for_driver(
+        DEFAULT_DRIVER_NAME, str(node.plugin_dir), str(node.registry_dir)
+    )
+    driver = node.driver()
+    server = PluginServer(driver, paths, lambda: node.devices, health_interval=0.2)
+    server.start()
+    kubelet = kubelet_connect(paths)
+    yield node, server, kubelet
+    kubelet.channel.close()
+    server.stop(grace=0.5)
+    driver.close()
