@@ -190,9 +190,13 @@ def claim_uids_on_disk(cdi_root: str | Path, vendor: str) -> set[str]:
 
 
 def write_spec(cdi_root: str | Path, vendor: str, claim_uid: str, spec: Mapping[str, Any]) -> Path:
-    """Atomically write the claim's spec (temp file, fsync, rename) and return its path."""
+    """Atomically write the claim's spec (temp file, rename) and return its path.
+
+    No fsync: CDI specs live on the ``/var/run`` tmpfs and are boot-scoped like the
+    checkpoint, so only atomicity against a killed process matters, which rename gives.
+    """
     path = spec_path(cdi_root, vendor, claim_uid)
-    write_atomic(path, json.dumps(spec, indent=2, sort_keys=True).encode())
+    write_atomic(path, json.dumps(spec, indent=2, sort_keys=True).encode(), durable=False)
     return path
 
 

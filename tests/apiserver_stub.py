@@ -27,6 +27,9 @@ class ClaimServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as kube-apiserver
+            disable_nagle_algorithm = True  # TCP_NODELAY, as Go's net/http
+
             def do_GET(self) -> None:  # noqa: N802
                 server.requests += 1
                 m = _PATH.match(self.path)
