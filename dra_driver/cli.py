@@ -90,13 +90,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logs.configure(args.log_level, args.log_format)
     if args.command == "render-slices":
-        from dra_driver.config import ConfigError
-        from dra_driver.gpus import SimulatedSpecError
+        from dra_driver.gpus import GpuSourceError
         from dra_driver.slices import render_slices_json
 
         try:
             print(render_slices_json(args.node, args.gpus, args.config, args.driver))
-        except (ConfigError, SimulatedSpecError, OSError) as exc:
+        except (ValueError, GpuSourceError, OSError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         return 0

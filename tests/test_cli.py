@@ -101,3 +101,13 @@ def test_plugin_stops_cleanly_on_sigterm() -> None:
         assert not paths.dra.exists()
         stderr = proc.stderr.read() if proc.stderr else ""
         assert "plugin stopped; sockets removed" in stderr
+
+
+def test_render_slices_bad_node_name_is_a_clear_error() -> None:
+    out = subprocess.run(
+        [*CLI, "render-slices", "--node", "Bad_Node", "--gpus", "simulated:H200x1"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2
+    assert "node name 'Bad_Node' is not a DNS subdomain" in out.stderr

@@ -1,0 +1,541 @@
+"""Pure planning: GPU inventory + node configuration -> fraction devices -> ResourceSlice bodies.
+
+:func:`plan_devices` is the single source of truth for which devices exist: the publisher
+publishes exactly these, and Prepare maps an allocated device name back to its GPU, memory and
+compute mode with :func:`devices_by_name`. Nothing here touches the network or files, except
+:func:`render_slices_json`, which reads the GPU source and configuration for the CLI.
+
+Products model, per GPU (index ``i``):
+
+- counter set ``gpu-<i>`` with counters ``memory`` (the card's bytes) and ``slots`` (``S``, the
+  least common multiple of the product denominators);
+- device ``gpu-<i>-<product>-<n>`` for ``n`` in ``0 .. floor(1/portion) - 1``, consuming
+  ``portion * S`` slots and its own memory. Product memory = ``portion * card`` rounded DOWN to
+  a whole MiB; the whole-card product (portion 1) is exactly the card and takes all slots.
+  Any set of devices the scheduler may co-allocate fits the ``slots`` counter, so its portions
+  sum to at most 1 and its memory (each rounded down) to at most the card. The ``memory``
+  counter says the same in bytes.
+
+Capacity model: one device ``gpu-<i>`` with ``allowMultipleAllocations: true`` and capacity
+``memory`` = the card, with ``requestPolicy`` ``validRange{min, step, max}`` where
+``max = min + floor((card - min) / step) * step`` (the largest on-grid amount that fits) and
+``default`` = the configured default rounded up to the grid (capped at ``max``), or ``max``.
+
+Slices (Kubernetes >= 1.35 layout): counter sets go in their own slices (at most 8 sets each),
+devices in further slices (at most 64 each, since they consume counters or allow multiple
+allocations; one GPU's devices are never split across slices), all in pool ``<node>`` with one
+``generation`` and ``resourceSliceCount``.
+Limits are from the resource.k8s.io/v1 API (``ResourceSliceMaxDevices...``, see
+``reference/dra-notes.md``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from types import MappingProxyType
+from typing import Any
+
+import structlog
+
+from dra_driver.config import (
+    CapacityPolicy,
+    GpuConfig,
+    NodeConfig,
+    canonical_quantity,
+    load_node_config,
+    slots_for,
+)
+from dra_driver.gpus.model import MIB, Gpu, Inventory
+
+log = structlog.get_logger(__name__)
+
+RESOURCE_API_VERSION = "resource.k8s.io/v1"
+"""API group/version of ResourceSlice and DeviceClass bodies."""
+
+ENFORCEMENT_LEVELS = ("hard", "cooperative", "none")
+"""Values of the ``memoryEnforcement`` attribute (see DESIGN.md, "Memory enforcement")."""
+
+MAX_DEVICES_PER_SLICE = 128
+"""Devices per slice when no device uses counters, taints or multiple allocations."""
+
+MAX_DEVICES_PER_SLICE_ADVANCED = 64
+"""Devices per slice when a device consumes counters, has taints or allows multiple allocations
+(we always publish at most this many)."""
+
+MAX_COUNTER_SETS_PER_SLICE = 8
+"""Counter sets per ResourceSlice."""
+
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+"""Attributes plus capacities per device."""
+
+MAX_ATTRIBUTE_VALUE_LENGTH = 64
+"""Longest string or version attribute value."""
+
+MAX_SLICE_NAME_LENGTH = 253
+"""``metadata.name`` of a ResourceSlice is a DNS subdomain."""
+
+PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
+"""Standard attribute carrying the parent GPU's PCI address."""
+
+MEMORY = "memory"
+"""Name of the ``memory`` counter (products model) and capacity (every device), in bytes."""
+
+SLOTS = "slots"
+"""Name of the per-GPU ``slots`` counter (products model)."""
+
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+"""Label set on every published slice; its value is the driver name."""
+
+_NO_ENFORCEMENT: Mapping[str, str] = MappingProxyType({})
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_NUMERIC_VERSION = re.compile(r"^[0-9]+(\.[0-9]+){0,2}$")
+_SEMVER = re.compile(
+    r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)"
+    r"(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?(\+[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?$"
+)
+
+
+@dataclass(frozen=True)
+class FractionDevice:
+    """One published device: a product fraction of a GPU, or a GPU's shared capacity device.
+
+    Attributes:
+        name: device name in the pool, a DNS label: ``gpu-<index>-<product>-<n>`` (products)
+            or ``gpu-<index>`` (capacity).
+        gpu: the parent GPU.
+        fraction_model: ``products`` or ``capacity``.
+        product: product name (products model), else None.
+        portion: share of the card (products model), else None.
+        memory_bytes: the device's guaranteed memory: the product's memory (``portion`` x card,
+            rounded down to a whole MiB; the whole card for portion 1), or for the capacity
+            model the whole card (a claim's share is its ``consumedCapacity``).
+        compute_mode: ``time-slicing`` or ``sm-sharing`` (the GPU's mode).
+        counter_set: the counter set it consumes from (products model), else None.
+        slots: slots consumed from ``counter_set`` (products model), else 0.
+    """
+
+    name: str
+    gpu: Gpu
+    fraction_model: str
+    product: str | None
+    portion: Fraction | None
+    memory_bytes: int
+    compute_mode: str
+    counter_set: str | None = None
+    slots: int = 0
+
+
+@dataclass(frozen=True)
+class ExcludedGpu:
+    """A GPU that is present but not offered, with the reason (logged as a warning)."""
+
+    index: int
+    uuid: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class PlannedGpu:
+    """An offered GPU: its effective configuration and its devices (in publishing order)."""
+
+    gpu: Gpu
+    config: GpuConfig
+    devices: tuple[FractionDevice, ...]
+
+    @property
+    def counter_set(self) -> str | None:
+        """Name of the GPU's counter set (products model), else None."""
+        return gpu_counter_set(self.gpu) if self.config.fraction_model == "products" else None
+
+    @property
+    def total_slots(self) -> int:
+        """Value of the ``slots`` counter: the common denominator of the products' portions."""
+        return slots_for(self.config.products)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Result of :func:`plan`: offered GPUs in index order plus the excluded ones."""
+
+    gpus: tuple[PlannedGpu, ...]
+    excluded: tuple[ExcludedGpu, ...]
+
+    @property
+    def devices(self) -> list[FractionDevice]:
+        """Every device of every offered GPU, in publishing order."""
+        return [d for g in self.gpus for d in g.devices]
+
+
+def gpu_counter_set(gpu: Gpu) -> str:
+    """Counter set name of a GPU: ``gpu-<index>`` (a DNS label)."""
+    return f"gpu-{gpu.index}"
+
+
+def product_memory_bytes(gpu: Gpu, portion: Fraction) -> int:
+    """Guaranteed memory of a product: ``portion`` x card bytes rounded down to a whole MiB;
+    exactly the card for portion 1."""
+    if portion == 1:
+        return gpu.memory_bytes
+    return math.floor(portion * gpu.memory_bytes / MIB) * MIB
+
+
+def capacity_request_policy(memory_bytes: int, policy: CapacityPolicy) -> dict[str, Any] | None:
+    """The ``requestPolicy`` of a capacity device with ``memory_bytes`` (API JSON), or None when
+    ``minimum + step`` exceeds the card (the API rejects such a range; the GPU is not offered).
+
+    ``validRange.max`` is the largest ``minimum + n * step`` within the card; ``default`` is the
+    configured default rounded up to the grid (at most ``max``), or ``max`` when unset ("full").
+    """
+    lo, step = policy.minimum, policy.step
+    if lo + step > memory_bytes:
+        return None
+    hi = lo + (memory_bytes - lo) // step * step
+    if policy.default is None:
+        default = hi
+    else:
+        default = min(hi, lo + max(0, -(-(policy.default - lo) // step)) * step)
+    return {
+        "default": canonical_quantity(default),
+        "validRange": {
+            "min": canonical_quantity(lo),
+            "step": canonical_quantity(step),
+            "max": canonical_quantity(hi),
+        },
+    }
+
+
+def plan(inventory: Inventory, config: NodeConfig) -> Plan:
+    """Decide which GPUs are offered and their devices. Pure; never raises for a GPU.
+
+    Excluded (not offered): MIG-enabled GPUs (MPS fractions need MIG off), GPUs disabled by the
+    configuration (``enabled: false``), capacity-model GPUs smaller than ``minimum + step``.
+    Product devices whose rounded memory would be 0 bytes are left out.
+    """
+    planned: list[PlannedGpu] = []
+    excluded: list[ExcludedGpu] = []
+    for gpu in sorted(inventory.gpus, key=lambda g: g.index):
+        cfg = config.for_gpu(gpu)
+        if gpu.mig_enabled:
+            excluded.append(ExcludedGpu(gpu.index, gpu.uuid, "MIG mode is enabled"))
+            continue
+        if not cfg.enabled:
+            excluded.append(ExcludedGpu(gpu.index, gpu.uuid, "disabled by node configuration"))
+            continue
+        if cfg.fraction_model == "capacity":
+            if capacity_request_policy(gpu.memory_bytes, cfg.capacity) is None:
+                reason = "card memory is smaller than capacity.minimum + capacity.step"
+                excluded.append(ExcludedGpu(gpu.index, gpu.uuid, reason))
+                continue
+            device = FractionDevice(
+                name=f"gpu-{gpu.index}",
+                gpu=gpu,
+                fraction_model="capacity",
+                product=None,
+                portion=None,
+                memory_bytes=gpu.memory_bytes,
+                compute_mode=cfg.compute_mode,
+            )
+            planned.append(PlannedGpu(gpu, cfg, (device,)))
+            continue
+        total = slots_for(cfg.products)
+        devices: list[FractionDevice] = []
+        for product in cfg.products:
+            memory = product_memory_bytes(gpu, product.portion)
+            if memory <= 0:
+                continue
+            for n in range(product.count):
+                devices.append(
+                    FractionDevice(
+                        name=f"gpu-{gpu.index}-{product.name}-{n}",
+                        gpu=gpu,
+                        fraction_model="products",
+                        product=product.name,
+                        portion=product.portion,
+                        memory_bytes=memory,
+                        compute_mode=cfg.compute_mode,
+                        counter_set=gpu_counter_set(gpu),
+                        slots=int(product.portion * total),
+                    )
+                )
+        if devices:
+            planned.append(PlannedGpu(gpu, cfg, tuple(devices)))
+        else:
+            excluded.append(ExcludedGpu(gpu.index, gpu.uuid, "no product fits the card"))
+    return Plan(tuple(planned), tuple(excluded))
+
+
+def plan_devices(inventory: Inventory, config: NodeConfig) -> list[FractionDevice]:
+    """All devices the node publishes, in publishing order (see :func:`plan`)."""
+    return plan(inventory, config).devices
+
+
+def devices_by_name(inventory: Inventory, config: NodeConfig) -> dict[str, FractionDevice]:
+    """Map device name -> :class:`FractionDevice`, for Prepare to resolve an allocation result."""
+    return {d.name: d for d in plan_devices(inventory, config)}
+
+
+def semver(text: str) -> str | None:
+    """``text`` as a semver 2.0 string for a ``version`` attribute, or None when impossible.
+
+    Dotted numbers of 1-3 parts are normalised (``"9.0"`` -> ``"9.0.0"``,
+    ``"615.71.09"`` -> ``"615.71.9"``: semver forbids leading zeros); a string that is
+    already semver is kept.
+    """
+    if _NUMERIC_VERSION.match(text):
+        parts = [str(int(p)) for p in text.split(".")]
+        parts += ["0"] * (3 - len(parts))
+        return ".".join(parts)
+    if _SEMVER.match(text) and len(text) <= MAX_ATTRIBUTE_VALUE_LENGTH:
+        return text
+    return None
+
+
+def _string(value: str) -> dict[str, Any]:
+    return {"string": value[:MAX_ATTRIBUTE_VALUE_LENGTH]}
+
+
+def _version_or_string(value: str) -> dict[str, Any]:
+    version = semver(value)
+    return {"version": version} if version is not None else _string(value)
+
+
+def _device_attributes(device: FractionDevice, enforcement: str) -> dict[str, Any]:
+    gpu = device.gpu
+    attrs: dict[str, Any] = {
+        "uuid": _string(gpu.uuid),
+        "index": {"int": gpu.index},
+        "minor": {"int": gpu.minor},
+        "productName": _string(gpu.name),
+        "architecture": _string(gpu.architecture),
+        "computeCapability": _version_or_string(gpu.compute_capability),
+        "driverVersion": _version_or_string(gpu.driver_version),
+        "cudaDriverVersion": _version_or_string(gpu.cuda_driver_version),
+        "gpuMemory": {"int": gpu.memory_bytes},
+        "smCount": {"int": gpu.sm_count},
+        "computeMode": _string(device.compute_mode),
+        "fractionModel": _string(device.fraction_model),
+        "memoryEnforcement": _string(enforcement),
+    }
+    if device.product is not None and device.portion is not None:
+        attrs["product"] = _string(device.product)
+        attrs["portion"] = _string(str(device.portion))
+    attrs[PCI_BUS_ID_ATTRIBUTE] = _string(gpu.pci_bus_id)
+    return attrs
+
+
+def _device_body(device: FractionDevice, planned: PlannedGpu, enforcement: str) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "name": device.name,
+        "attributes": _device_attributes(device, enforcement),
+    }
+    if device.fraction_model == "capacity":
+        policy = capacity_request_policy(device.gpu.memory_bytes, planned.config.capacity)
+        assert policy is not None  # plan() excludes GPUs without a valid policy
+        body["capacity"] = {
+            MEMORY: {"value": canonical_quantity(device.memory_bytes), "requestPolicy": policy}
+        }
+        body["allowMultipleAllocations"] = True
+    else:
+        assert device.counter_set is not None
+        body["capacity"] = {MEMORY: {"value": canonical_quantity(device.memory_bytes)}}
+        body["consumesCounters"] = [
+            {
+                "counterSet": device.counter_set,
+                "counters": {
+                    MEMORY: {"value": canonical_quantity(device.memory_bytes)},
+                    SLOTS: {"value": canonical_quantity(device.slots, binary=False)},
+                },
+            }
+        ]
+    return body
+
+
+def _counter_set_body(planned: PlannedGpu) -> dict[str, Any]:
+    assert planned.counter_set is not None
+    return {
+        "name": planned.counter_set,
+        "counters": {
+            MEMORY: {"value": canonical_quantity(planned.gpu.memory_bytes)},
+            SLOTS: {"value": canonical_quantity(planned.total_slots, binary=False)},
+        },
+    }
+
+
+def slice_name(node: str, driver: str, n: int) -> str:
+    """Deterministic ``metadata.name`` of slice ``n``: ``<node>-<driver, dots as dashes>-<n>``.
+
+    A name longer than 253 characters keeps a prefix and gets an 8-hex-digit hash of the full
+    base name, so it stays unique, deterministic and a DNS subdomain.
+    """
+    base = f"{node}-{driver.replace('.', '-')}"
+    suffix = f"-{n}"
+    if len(base) + len(suffix) > MAX_SLICE_NAME_LENGTH:
+        digest = hashlib.sha256(base.encode()).hexdigest()[:8]
+        keep = MAX_SLICE_NAME_LENGTH - len(suffix) - len(digest) - 1
+        base = f"{base[:keep].rstrip('-.')}-{digest}"
+    return base + suffix
+
+
+def _label_value(text: str) -> str:
+    value = re.sub(r"[^A-Za-z0-9_.-]", "-", text)[:63]
+    return value.strip("-_.") or "dra-driver"
+
+
+def _check_names(node: str, driver: str) -> None:
+    if len(node) > MAX_SLICE_NAME_LENGTH or not _DNS_SUBDOMAIN.match(node):
+        raise ValueError(f"node name {node!r} is not a DNS subdomain (lower case, <= 253 chars)")
+    if len(driver) > 63 or not _DNS_SUBDOMAIN.match(driver):
+        raise ValueError(f"driver name {driver!r} must be a DNS subdomain of at most 63 chars")
+
+
+_last_reported: dict[str, tuple[object, ...]] = {}
+
+
+def log_exclusions(inventory: Inventory, result: Plan, key: str = "") -> None:
+    """Log one warning per GPU that discovery skipped or the plan excluded.
+
+    Repeated calls with the same ``key`` (the node) and the same exclusions log nothing, so a
+    publisher rebuilding slices every interval does not repeat the warnings.
+    """
+    report = (inventory.skipped, result.excluded)
+    if _last_reported.get(key) == report:
+        return
+    _last_reported[key] = report
+    for skipped in inventory.skipped:
+        log.warning(
+            "gpu not offered: discovery skipped it", gpu=skipped.index, reason=skipped.reason
+        )
+    for excluded in result.excluded:
+        log.warning(
+            "gpu not offered", gpu=excluded.index, uuid=excluded.uuid, reason=excluded.reason
+        )
+
+
+def build_slices(
+    inventory: Inventory,
+    config: NodeConfig,
+    driver: str,
+    node: str,
+    enforcement: Mapping[str, str] = _NO_ENFORCEMENT,
+    generation: int = 1,
+    node_uid: str | None = None,
+) -> list[dict[str, Any]]:
+    """The node's ResourceSlice bodies (resource.k8s.io/v1 API JSON: camelCase, no nulls).
+
+    Args:
+        inventory: discovered GPUs; skipped and excluded GPUs are logged as warnings (once
+            per change, see :func:`log_exclusions`).
+        config: node configuration.
+        driver: driver name (``spec.driver``; unqualified attribute names live in its domain).
+        node: node name: ``spec.nodeName`` and the pool name.
+        enforcement: GPU UUID -> ``hard`` | ``cooperative`` | ``none`` (missing: ``none``),
+            published as the ``memoryEnforcement`` attribute.
+        generation: ``spec.pool.generation`` of every slice (the publisher replaces it).
+        node_uid: when given, each slice gets an ownerReference to its Node, so the garbage
+            collector removes the slices with the Node object.
+
+    Returns:
+        Counter slices first (``sharedCounters`` only), then device slices; ``[]`` when the
+        node offers no device. Slice ``n`` is named :func:`slice_name` (node, driver, n).
+
+    Raises:
+        ValueError: invalid node or driver name, unknown enforcement level, negative generation.
+    """
+    _check_names(node, driver)
+    if generation < 0:
+        raise ValueError(f"generation {generation} must not be negative")
+    for uuid, level in enforcement.items():
+        if level not in ENFORCEMENT_LEVELS:
+            raise ValueError(
+                f"enforcement for {uuid}: {level!r} is not one of {ENFORCEMENT_LEVELS}"
+            )
+    result = plan(inventory, config)
+    log_exclusions(inventory, result, key=f"{driver}/{node}")
+
+    counter_sets = [_counter_set_body(g) for g in result.gpus if g.counter_set is not None]
+    groups: list[tuple[str, list[dict[str, Any]]]] = [
+        ("sharedCounters", counter_sets[i : i + MAX_COUNTER_SETS_PER_SLICE])
+        for i in range(0, len(counter_sets), MAX_COUNTER_SETS_PER_SLICE)
+    ]
+    # Devices are packed GPU by GPU, never splitting one GPU's devices across slices (the
+    # configuration caps a GPU at MAX_DEVICES_PER_GPU = MAX_DEVICES_PER_SLICE_ADVANCED).
+    current: list[dict[str, Any]] = []
+    for g in result.gpus:
+        level = enforcement.get(g.gpu.uuid, "none")
+        bodies = [_device_body(d, g, level) for d in g.devices]
+        if current and len(current) + len(bodies) > MAX_DEVICES_PER_SLICE_ADVANCED:
+            groups.append(("devices", current))
+            current = []
+        current.extend(bodies)
+    if current:
+        groups.append(("devices", current))
+    labels = {MANAGED_BY_LABEL: _label_value(driver)}
+    slices: list[dict[str, Any]] = []
+    for n, (key, items) in enumerate(groups):
+        metadata: dict[str, Any] = {"name": slice_name(node, driver, n), "labels": dict(labels)}
+        if node_uid:
+            metadata["ownerReferences"] = [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "name": node,
+                    "uid": node_uid,
+                    "controller": True,
+                }
+            ]
+        slices.append(
+            {
+                "apiVersion": RESOURCE_API_VERSION,
+                "kind": "ResourceSlice",
+                "metadata": metadata,
+                "spec": {
+                    "driver": driver,
+                    "nodeName": node,
+                    "pool": {
+                        "name": node,
+                        "generation": generation,
+                        "resourceSliceCount": len(groups),
+                    },
+                    key: items,
+                },
+            }
+        )
+    return slices
+
+
+def render_slices_json(
+    node: str,
+    gpus_spec: str,
+    config_path: str | None,
+    driver: str,
+    enforcement: Mapping[str, str] = _NO_ENFORCEMENT,
+) -> str:
+    """JSON array of the slices the plugin would publish for ``node`` (``render-slices`` CLI).
+
+    ``gpus_spec`` is a ``--gpus`` value (``nvml`` or ``simulated:H200x8``; simulated UUIDs are
+    seeded with the node name, as in the plugin). No trailing newline (``print`` adds one).
+
+    Raises:
+        ConfigError: invalid configuration file.
+        SimulatedSpecError: invalid ``gpus_spec``.
+        GpuSourceError: NVML unusable.
+        ValueError: invalid node or driver name.
+    """
+    from dra_driver.gpus import open_source
+
+    config = load_node_config(config_path)
+    inventory = open_source(gpus_spec, seed=node).discover()
+    slices = build_slices(inventory, config, driver, node, enforcement=enforcement)
+    return json.dumps(slices, indent=2)
+
+
+def slice_devices(slices: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """All device bodies of a list of slices (test and status helper)."""
+    return [d for s in slices for d in s["spec"].get("devices", [])]
