@@ -12,7 +12,9 @@ from types import FrameType
 import structlog
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
 from prometheus_client import start_http_server
+from urllib3.exceptions import HTTPError
 
 from dra_driver.checkpoint import read_boot_id
 from dra_driver.claims import ApiClaimReader
@@ -80,6 +82,16 @@ def api_client(kubeconfig: str | None) -> k8s.ApiClient:
     return k8s.ApiClient()
 
 
+def read_node_uid(api: k8s.ApiClient, node_name: str) -> str | None:
+    """The Node's UID (slices get it as owner, so they go away with the Node), or None."""
+    try:
+        node = k8s.CoreV1Api(api).read_node(node_name, _request_timeout=10)
+    except (ApiException, HTTPError, OSError) as exc:
+        log.warning("node not readable; slices published without owner", error=str(exc))
+        return None
+    return node.metadata.uid if node.metadata else None
+
+
 def make_enforcer(opts: PluginOptions) -> FractionEnforcer:
     """The enforcer for this node: recording for simulated GPUs."""
     return RecordingEnforcer()
@@ -110,10 +122,13 @@ def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
     )
     driver.start()
     publisher = SlicePublisher(k8s.ResourceV1Api(api), opts.driver_name, opts.node_name)
+    node_uid = read_node_uid(api, opts.node_name)
 
     def desired() -> list[dict[str, object]]:
         state.refresh()
-        return build_slices(state.inventory, config, opts.driver_name, opts.node_name)
+        return build_slices(
+            state.inventory, config, opts.driver_name, opts.node_name, node_uid=node_uid
+        )
 
     server = PluginServer(driver, paths, state.devices, opts.health_interval)
     server.start()
