@@ -18,7 +18,7 @@ from dra_driver._proto import (
     registration_pb2_grpc,
 )
 from dra_driver.claims import ApiClaimReader
-from dra_driver.config import load_node_config
+from dra_driver.config import NodeConfig, load_node_config, parse_node_config
 from dra_driver.driver import Driver
 from dra_driver.gpus import SimulatedGpuSource
 from dra_driver.kubelet.server import PluginServer, SocketPaths
@@ -77,13 +77,30 @@ class Node:
         )
 
 
-@pytest.fixture
-def node() -> Iterator[Node]:
+MIXED_CONFIG = {
+    "apiVersion": "gpu-fraction.dra.dev/v1alpha1",
+    "kind": "NodeConfig",
+    "gpus": [{"selector": {"index": 1}, "fractionModel": "capacity", "computeMode": "sm-sharing"}],
+}
+"""GPU 0: products, time-slicing (defaults); GPU 1: capacity model, sm-sharing."""
+
+
+def _node(config: NodeConfig) -> Iterator[Node]:
     # Short paths: unix socket paths are limited to 107 bytes.
     with tempfile.TemporaryDirectory(prefix="dra-") as tmp, ClaimServer() as claims:
         inventory = SimulatedGpuSource("simulated:H200x2", seed=NODE).discover()
-        devices = {d.name: d for d in plan_devices(inventory, load_node_config(None))}
+        devices = {d.name: d for d in plan_devices(inventory, config)}
         yield Node(Path(tmp), devices, claims, RecordingEnforcer())
+
+
+@pytest.fixture
+def node() -> Iterator[Node]:
+    yield from _node(load_node_config(None))
+
+
+@pytest.fixture
+def mixed_node() -> Iterator[Node]:
+    yield from _node(parse_node_config(MIXED_CONFIG))
 
 
 @dataclass

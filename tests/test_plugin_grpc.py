@@ -20,9 +20,9 @@ from dra_driver._proto import (
     registration_pb2,
 )
 from dra_driver.gpus import MIB
-from dra_driver.kubelet.server import PluginServer
+from dra_driver.kubelet.server import PluginServer, SocketPaths
 from tests import claimfactory as cf
-from tests.conftest import NODE, Kubelet, Node
+from tests.conftest import NODE, Kubelet, Node, kubelet_connect
 from tests.test_cdi import validator
 
 Served = tuple[Node, PluginServer, Kubelet]
@@ -292,3 +292,81 @@ def test_rejected_registration_is_retried(served: Served) -> None:
         registration_pb2.RegistrationStatus(plugin_registered=True)
     )
     assert server.registration.registered.is_set()
+
+
+def test_capacity_shares_with_share_ids_and_sm_sharing(mixed_node: Node) -> None:
+    node = mixed_node
+    paths = SocketPaths.for_driver(
+        DEFAULT_DRIVER_NAME, str(node.plugin_dir), str(node.registry_dir)
+    )
+    driver = node.driver()
+    server = PluginServer(driver, paths, lambda: node.devices)
+    server.start()
+    kubelet = kubelet_connect(paths)
+    try:
+        device = node.device(1, None)
+        share_a, share_b = (
+            "3f1c2b9a-0d4e-4c7b-9a51-5e2f8d6c7b10",
+            "7a8b9c0d-1e2f-4a3b-8c4d-5e6f7a8b9c0d",
+        )
+        claim = cf.claim(
+            [
+                cf.result(device, NODE, request="a", share_id=share_a, memory="12Gi"),
+                cf.result(device, NODE, request="b", share_id=share_b, memory="4Gi"),
+            ],
+            [cf.opaque(requests=["a"], memoryLimit="20Gi", activeThreadPercentage=30)],
+        )
+        node.claims.add(claim)
+        uid = claim["metadata"]["uid"]
+        reply = prepare(kubelet, claim)[uid]
+        assert reply.error == ""
+        assert sorted((d.share_id, list(d.request_names)) for d in reply.devices) == sorted(
+            [(share_a, ["a"]), (share_b, ["b"])]
+        )
+        assert {d.cdi_device_ids[0] for d in reply.devices} == {
+            f"{DEFAULT_DRIVER_NAME}/claim=claim-{uid}-{device}-{share_a}",
+            f"{DEFAULT_DRIVER_NAME}/claim=claim-{uid}-{device}-{share_b}",
+        }
+        plans = {d.share_id: d for d in node.enforcer.applied[uid].devices}
+        assert plans[share_a].memory_request_bytes == 12 * 1024**3
+        assert plans[share_a].memory_limit_bytes == 20 * 1024**3
+        assert plans[share_a].active_thread_percentage == 30
+        assert plans[share_a].compute_mode == "sm-sharing"
+        assert plans[share_b].memory_limit_bytes == 4 * 1024**3
+        assert plans[share_b].active_thread_percentage is None
+        spec = json.loads(spec_file(node, claim).read_text())
+        assert not list(validator().iter_errors(spec))
+        assert len(spec["devices"]) == 2
+
+        beta = prepare(kubelet, claim, version="v1beta1")[uid]  # idempotent, no share_id field
+        assert sorted(d.device_name for d in beta.devices) == [device, device]
+        assert unprepare(kubelet, claim) == {uid: ""}
+        assert not spec_file(node, claim).exists()
+    finally:
+        kubelet.channel.close()
+        server.stop(grace=0.5)
+        driver.close()
+
+
+def test_time_slicing_claim_on_sm_sharing_gpu_is_refused(mixed_node: Node) -> None:
+    node = mixed_node
+    driver = node.driver()
+    claim = cf.claim(
+        [
+            cf.result(
+                node.device(1, None),
+                NODE,
+                share_id="3f1c2b9a-0d4e-4c7b-9a51-5e2f8d6c7b10",
+                memory="8Gi",
+            )
+        ],
+        [cf.opaque(computeMode="time-slicing")],
+    )
+    node.claims.add(claim)
+    from dra_driver.prepare import ClaimRef
+
+    m = claim["metadata"]
+    out = driver.prepare([ClaimRef(m["namespace"], m["name"], m["uid"])])[m["uid"]]
+    assert "runs compute mode sm-sharing; the claim asks for time-slicing" in out.error
+    assert not spec_file(node, claim).exists()
+    driver.close()

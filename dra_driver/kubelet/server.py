@@ -7,7 +7,6 @@ Socket paths (dra-notes): registration ``<registry-dir>/<driver>-reg.sock`` and 
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Mapping
 from concurrent import futures
@@ -124,8 +123,5 @@ class PluginServer:
                 self._reg.stop(grace=grace).wait()
         self._dra.stop(grace=grace).wait()
         for path in (self.paths.registration, self.paths.dra):
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+            path.unlink(missing_ok=True)
         log.info("plugin stopped; sockets removed")
