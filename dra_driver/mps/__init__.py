@@ -2,12 +2,26 @@
 
 The plugin calls a :class:`FractionEnforcer` during Prepare/Unprepare. Implementations:
 :class:`RecordingEnforcer` (simulated GPUs: records what it was asked and returns the CDI
-edits a real node would get) and the MPS-backed enforcer for real GPUs.
+edits a real node would get) and :class:`MpsEnforcer` (real GPUs: MPS v3 namespaces plus the
+driver's per-container memory limits on ``hard`` GPUs; see ``docs/enforcement.md``).
 """
 
 from __future__ import annotations
 
 from dra_driver.mps.base import FractionEnforcer, MpsError
+from dra_driver.mps.enforcer import FractionTarget, GpuHealth, MpsEnforcer, MpsOptions
+from dra_driver.mps.nvml import NvmlError, NvmlFacade, PynvmlFacade
 from dra_driver.mps.recording import RecordingEnforcer
 
-__all__ = ["FractionEnforcer", "MpsError", "RecordingEnforcer"]
+__all__ = [
+    "FractionEnforcer",
+    "FractionTarget",
+    "GpuHealth",
+    "MpsEnforcer",
+    "MpsError",
+    "MpsOptions",
+    "NvmlError",
+    "NvmlFacade",
+    "PynvmlFacade",
+    "RecordingEnforcer",
+]

@@ -204,9 +204,9 @@ class FakeMpsControl:
         if "q" in opts:
             if pipe not in self.daemons:
                 return Completed(1, "", "Cannot find MPS control daemon process")
-            d = self.daemons.pop(pipe)
-            (d.pipe / "control").unlink(missing_ok=True)
-            (d.pipe / "nvidia-cuda-mps-control.pid").unlink(missing_ok=True)
+            gone = self.daemons.pop(pipe)
+            (gone.pipe / "control").unlink(missing_ok=True)
+            (gone.pipe / "nvidia-cuda-mps-control.pid").unlink(missing_ok=True)
             return Completed(0)
         if not args:
             return Completed(1, "", "no command")

@@ -14,7 +14,9 @@ GIB = 1024 * MIB
 H200_MIB = 143771
 
 
-def gpu(index: int = 0, memory_mib: int = H200_MIB, driver: str = "615.71.09", mig: bool = False) -> Gpu:
+def gpu(
+    index: int = 0, memory_mib: int = H200_MIB, driver: str = "615.71.09", mig: bool = False
+) -> Gpu:
     return Gpu(
         index=index,
         minor=index,
@@ -71,7 +73,9 @@ class Node:
     ) -> None:
         self.gpus = [gpu(i) for i in range(count)]
         self.tmp = tmp
-        visible = [self.gpus[i].uuid for i in (range(count) if mps_visible is None else mps_visible)]
+        visible = [
+            self.gpus[i].uuid for i in (range(count) if mps_visible is None else mps_visible)
+        ]
         self.mps = FakeMpsControl(visible, **fake_kwargs)  # type: ignore[arg-type]
         self.nvml = FakeNvml({g.uuid: g.memory_bytes for g in self.gpus})
         self.tiers = {g.uuid: (tiers or {}).get(g.index, "hard") for g in self.gpus}

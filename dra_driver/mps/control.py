@@ -1,0 +1,244 @@
+"""The MPS v3 control CLI (``nvidia-cuda-mps-control``) for one control daemon, via a Runner.
+
+Grammar and columns follow ``shared/reference/mps-notes.md`` section 2: ``<module> <verb>
+[positional...] [--key=value ...]``; list verbs take ``--format=csv,noheader``. Every command
+runs with the daemon's ``CUDA_MPS_PIPE_DIRECTORY`` / ``CUDA_MPS_LOG_DIRECTORY`` and
+``CUDA_MPS_PROTOCOL_VERSION=3`` (the env var wins over ``-p``, notes 1).
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from dra_driver.mps.base import MpsError
+from dra_driver.runner import Completed, Runner
+
+CONTROL_BINARY = "nvidia-cuda-mps-control"
+"""Default control program (looked up in ``PATH``)."""
+CSV = "--format=csv,noheader"
+"""Machine-readable output of list verbs (notes 2.2)."""
+
+
+class MpsCommandError(MpsError):
+    """An MPS control command failed; ``argv`` and ``completed`` say which and how."""
+
+    def __init__(self, argv: Sequence[str], completed: Completed) -> None:
+        self.argv = tuple(argv)
+        self.completed = completed
+        detail = completed.text() or "no output"
+        super().__init__(f"MPS command {' '.join(argv[1:])!r} failed (rc {completed.rc}): {detail}")
+
+
+@dataclass(frozen=True)
+class ServerRow:
+    """One row of ``server list``: name, uid, pid, status, pipe-directory, allowed-devices,
+    context-ids (notes 2.3)."""
+
+    name: str
+    uid: str
+    pid: str
+    status: str
+    pipe_directory: str
+    allowed_devices: tuple[str, ...]
+    context_ids: str
+
+
+@dataclass(frozen=True)
+class NamespaceRow:
+    """One row of ``namespace list``: name, server, server-status, pinned-memory-limit,
+    active-thread-percentage, client-priority, pipe-directory (notes 2.4)."""
+
+    name: str
+    server: str
+    server_status: str
+    pinned_memory_limit: str
+    active_thread_percentage: str
+    client_priority: str
+    pipe_directory: str
+
+
+@dataclass(frozen=True)
+class ClientRow:
+    """One row of ``client list``: pid (host PID namespace), server, device, namespace, cmd."""
+
+    pid: int
+    server: str
+    device: str
+    namespace: str
+    cmd: str
+
+
+def _rows(text: str, header_first: str) -> list[list[str]]:
+    out = []
+    for row in csv.reader(line for line in text.splitlines() if line.strip()):
+        cells = [c.strip() for c in row]
+        if cells and cells[0].lower() == header_first:
+            continue
+        out.append(cells)
+    return out
+
+
+def parse_servers(text: str) -> list[ServerRow]:
+    """Parse ``server list --format=csv,noheader`` output (unquoted device lists tolerated)."""
+    servers = []
+    for cells in _rows(text, "name"):
+        if len(cells) < 7:
+            continue
+        devices = ",".join(cells[5:-1])
+        servers.append(
+            ServerRow(
+                name=cells[0],
+                uid=cells[1],
+                pid=cells[2],
+                status=cells[3],
+                pipe_directory=cells[4],
+                allowed_devices=tuple(d.strip() for d in devices.split(",") if d.strip()),
+                context_ids=cells[-1],
+            )
+        )
+    return servers
+
+
+def parse_namespaces(text: str) -> list[NamespaceRow]:
+    """Parse ``namespace list --format=csv,noheader`` output."""
+    return [
+        NamespaceRow(
+            name=c[0],
+            server=c[1],
+            server_status=c[2],
+            pinned_memory_limit=c[3],
+            active_thread_percentage=c[4],
+            client_priority=c[5],
+            pipe_directory=",".join(c[6:]),
+        )
+        for c in _rows(text, "name")
+        if len(c) >= 7
+    ]
+
+
+def parse_clients(text: str) -> list[ClientRow]:
+    """Parse ``client list --format=csv,noheader`` output (the command may contain commas)."""
+    clients = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",", 4)]
+        if len(parts) < 4 or not parts[0].isdigit():
+            continue
+        clients.append(
+            ClientRow(
+                int(parts[0]), parts[1], parts[2], parts[3], parts[4] if len(parts) > 4 else ""
+            )
+        )
+    return clients
+
+
+class MpsControl:
+    """Typed wrappers of the v3 control verbs for the daemon at ``pipe_dir``.
+
+    Args:
+        runner: runs the commands.
+        pipe_dir: the daemon's ``CUDA_MPS_PIPE_DIRECTORY`` (host path, node-local).
+        log_dir: the daemon's ``CUDA_MPS_LOG_DIRECTORY``.
+        binary: the control program.
+        timeout: seconds per command.
+
+    Every method raises :class:`MpsCommandError` when the command fails.
+    """
+
+    def __init__(
+        self,
+        runner: Runner,
+        pipe_dir: Path,
+        log_dir: Path,
+        binary: str = CONTROL_BINARY,
+        timeout: float = 10.0,
+    ) -> None:
+        self.runner = runner
+        self.pipe_dir = pipe_dir
+        self.log_dir = log_dir
+        self.binary = binary
+        self.timeout = timeout
+
+    @property
+    def env(self) -> Mapping[str, str]:
+        """Environment of every command: the daemon's pipe/log directories, protocol 3."""
+        return {
+            "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir),
+            "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir),
+            "CUDA_MPS_PROTOCOL_VERSION": "3",
+        }
+
+    def run(self, *args: str, check: bool = True) -> Completed:
+        """Run ``<binary> <args>``; raise :class:`MpsCommandError` on failure when ``check``."""
+        argv = (self.binary, *args)
+        done = self.runner.run(argv, env=self.env, timeout=self.timeout)
+        if check and not done.ok:
+            raise MpsCommandError(argv, done)
+        return done
+
+    # daemon ---------------------------------------------------------------------------
+    def start_daemon(self, config_file: Path | None) -> None:
+        """Start the control daemon in the background: ``-p 3 -m -d [-a <toml>]``.
+
+        ``-m`` (multi-user) lets containers of any UID share root-owned servers (notes 5).
+        """
+        args = ["-p", "3", "-m", "-d"]
+        if config_file is not None:
+            args += ["-a", str(config_file)]
+        self.run(*args)
+
+    def quit(self) -> None:
+        """Stop the daemon and every server (``-q``)."""
+        self.run("-q")
+
+    # server ---------------------------------------------------------------------------
+    def server_list(self) -> list[ServerRow]:
+        """``server list``; fails when the daemon is not running."""
+        return parse_servers(self.run("server", "list", CSV).stdout)
+
+    def server_create(self, name: str, allowed_devices: Sequence[str]) -> None:
+        """``server create <name> --uid=0 --allowed-devices=<UUIDs>`` (multi-user: uid 0 only)."""
+        self.run(
+            "server", "create", name, "--uid=0", "--allowed-devices=" + ",".join(allowed_devices)
+        )
+
+    def server_delete(self, name: str, force: bool = False) -> None:
+        """``server delete <name> [--force]`` (refused while clients are attached unless force)."""
+        self.run("server", "delete", name, *(["--force"] if force else []))
+
+    # namespace ------------------------------------------------------------------------
+    def namespace_list(self, server: str, name: str | None = None) -> list[NamespaceRow]:
+        """``namespace list [<name>] --server=<s>``."""
+        args = ["namespace", "list", *([name] if name else []), f"--server={server}", CSV]
+        return parse_namespaces(self.run(*args).stdout)
+
+    def namespace_create(self, name: str, server: str) -> None:
+        """``namespace create <name> --server=<s>``."""
+        self.run("namespace", "create", name, f"--server={server}")
+
+    def namespace_set(self, name: str, server: str, pinned_memory_limit: str, threads: int) -> None:
+        """``namespace set <name> --server=<s> --pinned-memory-limit=<v>
+        --active-thread-percentage=<p>`` (both always: named namespaces inherit nothing)."""
+        self.run(
+            "namespace",
+            "set",
+            name,
+            f"--server={server}",
+            f"--pinned-memory-limit={pinned_memory_limit}",
+            f"--active-thread-percentage={threads}",
+        )
+
+    def namespace_delete(self, name: str, server: str, force: bool = True) -> None:
+        """``namespace delete <name> --server=<s> [--force]``."""
+        self.run("namespace", "delete", name, f"--server={server}", *(["--force"] if force else []))
+
+    # client ---------------------------------------------------------------------------
+    def client_list(self, server: str) -> list[ClientRow]:
+        """``client list --server=<s>``."""
+        return parse_clients(self.run("client", "list", f"--server={server}", CSV).stdout)
+
+    def client_terminate(self, pid: int) -> None:
+        """``client terminate <pid>`` (the client then sees CUDA_ERROR_MPS_CLIENT_TERMINATED)."""
+        self.run("client", "terminate", str(pid))

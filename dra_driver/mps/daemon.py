@@ -1,0 +1,143 @@
+"""One MPS v3 control daemon: its directories, its start-up TOML, start, health and stop.
+
+The enforcer runs one daemon per compute mode that has claims on the node (so at most two):
+
+- ``sm-sharing``: ``[features.context-share] enabled = true, default_socket = "off"`` — clients
+  of a named server share one GPU context and run concurrently on the SMs (the KAI/NVIDIA
+  arrangement, mps-notes 2.8 and 4.2);
+- ``time-slicing``: ``[features.context-share] enabled = false`` — [INFERRED] each client keeps
+  its own context, so the GPU time-slices between them while MPS still applies the namespace's
+  memory and thread limits. ``hack/gpu-check`` measures whether clients really run
+  concurrently.
+
+The TOML is read once at start-up (notes 2.9), hence one daemon per mode rather than one per
+node. Both have ``memacct`` on (the default). Directories: ``<root>/<mode>/pipe`` (the
+``CUDA_MPS_PIPE_DIRECTORY``; must be node-local, notes 2.10) and ``<root>/<mode>/log``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+
+from dra_driver.mps.base import MpsError
+from dra_driver.mps.control import CONTROL_BINARY, MpsCommandError, MpsControl
+from dra_driver.runner import Runner
+
+log = structlog.get_logger(__name__)
+
+MODES = ("time-slicing", "sm-sharing")
+"""Compute modes, each served by its own daemon."""
+
+
+def config_toml(mode: str) -> str:
+    """The daemon's ``-a`` configuration for ``mode`` (schema of notes 2.9, 615 keys only)."""
+    if mode not in MODES:
+        raise MpsError(f"unknown compute mode {mode!r}")
+    share = (
+        'enabled = true\ndefault_socket = "off"\n' if mode == "sm-sharing" else "enabled = false\n"
+    )
+    return (
+        'schema_version = "1.0"\n\n'
+        "[features.memacct]\nenabled = true\n\n"
+        f"[features.context-share]\n{share}"
+    )
+
+
+class MpsDaemon:
+    """The control daemon serving one compute mode.
+
+    Args:
+        mode: ``time-slicing`` or ``sm-sharing``.
+        root: enforcer root; the daemon uses ``<root>/<mode>/{pipe,log,mps.toml}``.
+        runner: runs the control program.
+        binary: the control program.
+        timeout: seconds per control command.
+        start_checks: how many times to poll ``server list`` after starting the daemon.
+        check_interval: seconds between those polls.
+        sleep: injectable ``time.sleep``.
+    """
+
+    def __init__(
+        self,
+        mode: str,
+        root: Path,
+        runner: Runner,
+        binary: str = CONTROL_BINARY,
+        timeout: float = 10.0,
+        start_checks: int = 20,
+        check_interval: float = 0.25,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if mode not in MODES:
+            raise MpsError(f"unknown compute mode {mode!r}")
+        self.mode = mode
+        self.dir = root / mode
+        self.pipe_dir = self.dir / "pipe"
+        self.log_dir = self.dir / "log"
+        self.config_file = self.dir / "mps.toml"
+        self.control = MpsControl(runner, self.pipe_dir, self.log_dir, binary, timeout)
+        self.start_checks = start_checks
+        self.check_interval = check_interval
+        self.sleep = sleep
+        self.starts = 0
+        """How many times this object started the daemon (first start plus restarts)."""
+
+    def alive(self) -> bool:
+        """Whether the daemon answers ``server list``."""
+        try:
+            self.control.server_list()
+        except MpsCommandError:
+            return False
+        return True
+
+    def ensure_running(self) -> bool:
+        """Start the daemon unless it answers already; return True when it was (re)started.
+
+        A stale ``control`` socket left by a crashed daemon is removed first (notes 5).
+
+        Raises:
+            MpsError: when the daemon does not start or does not answer afterwards.
+        """
+        if self.alive():
+            return False
+        self.pipe_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.config_file.write_text(config_toml(self.mode))
+        for stale in ("control", "nvidia-cuda-mps-control.pid"):
+            (self.pipe_dir / stale).unlink(missing_ok=True)
+        log.info("starting MPS control daemon", mode=self.mode, pipe_dir=str(self.pipe_dir))
+        self.control.start_daemon(self.config_file)
+        for _ in range(max(1, self.start_checks)):
+            if self.alive():
+                self.starts += 1
+                return True
+            self.sleep(self.check_interval)
+        raise MpsError(
+            f"MPS control daemon ({self.mode}) did not answer after starting; "
+            f"see {self.log_dir / 'control.log'}"
+        )
+
+    def stop(self) -> None:
+        """Quit the daemon (and its servers) and remove its pipe directory; logs are kept."""
+        if self.alive():
+            log.info("stopping MPS control daemon", mode=self.mode)
+            try:
+                self.control.quit()
+            except MpsCommandError as exc:
+                log.warning("MPS daemon quit failed", mode=self.mode, error=str(exc))
+        shutil.rmtree(self.pipe_dir, ignore_errors=True)
+        self.config_file.unlink(missing_ok=True)
+
+    def server_log_tail(self, server: str, lines: int = 5) -> str:
+        """The last lines of ``<log>/<server>/server.log`` ("" when absent)."""
+        path = self.log_dir / server / "server.log"
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return " | ".join(text.strip().splitlines()[-lines:])

@@ -1,0 +1,99 @@
+"""Pure helpers for MPS v3 object names and memory values.
+
+Sources (see ``shared/reference/mps-notes.md``): server and namespace names are lower-case
+letters, digits and underscore, at most 64 characters (2.2); memory values take the binary
+suffixes ``G``, ``M``, ``K`` (``10G`` = 10,737,418,240 bytes, 2.2).
+"""
+
+from __future__ import annotations
+
+import re
+
+from dra_driver.gpus import MIB
+from dra_driver.ids import PrepareError, validate_uid
+from dra_driver.mps.base import MpsError
+
+SERVER_PREFIX = "gpu_"
+"""Prefix of the per-GPU MPS server name: ``gpu_<NVML index>``."""
+NAMESPACE_PREFIX = "c_"
+"""Prefix of a claim's namespace name: ``c_`` + the claim UID with ``-`` as ``_`` (38 chars)."""
+
+_NAME = re.compile(r"^[a-z0-9_]{1,64}$")
+_NAMESPACE = re.compile(
+    r"^c_([0-9a-f]{8})_([0-9a-f]{4})_([0-9a-f]{4})_([0-9a-f]{4})_([0-9a-f]{12})$"
+)
+_MEMORY = re.compile(r"^([0-9]+)\s*([KMGT]?)(i?B)?$", re.IGNORECASE)
+_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+_UNLIMITED = {"", "-", "unlimited", "none", "max", "n/a"}
+
+
+def check_name(name: str) -> str:
+    """Return ``name`` if it is a valid MPS server/namespace name.
+
+    Raises:
+        MpsError: when it has characters outside ``[a-z0-9_]`` or is longer than 64.
+    """
+    if not _NAME.match(name):
+        raise MpsError(f"MPS name {name!r} must be 1-64 characters of [a-z0-9_]")
+    return name
+
+
+def server_name(gpu_index: int) -> str:
+    """Name of the MPS server that serves the GPU with NVML index ``gpu_index``."""
+    if gpu_index < 0:
+        raise MpsError(f"GPU index {gpu_index} is negative")
+    return check_name(f"{SERVER_PREFIX}{gpu_index}")
+
+
+def namespace_name(claim_uid: str) -> str:
+    """Namespace name of a claim: ``c_<uid with '-' replaced by '_'>``.
+
+    Raises:
+        MpsError: when ``claim_uid`` is not a Kubernetes UID.
+    """
+    try:
+        validate_uid(claim_uid)
+    except PrepareError as exc:
+        raise MpsError(str(exc)) from exc
+    return check_name(NAMESPACE_PREFIX + claim_uid.replace("-", "_"))
+
+
+def claim_uid_of(namespace: str) -> str | None:
+    """Inverse of :func:`namespace_name`; None for a namespace that is not a claim's."""
+    m = _NAMESPACE.match(namespace)
+    return "-".join(m.groups()) if m else None
+
+
+def mib(value_bytes: int) -> int:
+    """Whole MiB in ``value_bytes``, rounded down (a ceiling never grows by rounding)."""
+    return value_bytes // MIB
+
+
+def memory_arg(value_bytes: int) -> str:
+    """An MPS memory value in whole MiB with the ``M`` suffix, e.g. ``40960M``.
+
+    Raises:
+        MpsError: when the value is below 1 MiB (MPS has no way to say "zero").
+    """
+    whole = mib(value_bytes)
+    if whole < 1:
+        raise MpsError(f"memory value {value_bytes} bytes is below 1 MiB")
+    return f"{whole}M"
+
+
+def parse_memory(text: str) -> int | None:
+    """Parse an MPS memory value (``4G``, ``512M``, ``1024K``, ``123``) into bytes.
+
+    Returns None for "no limit" spellings (empty, ``-``, ``unlimited``). A bare number is
+    taken as bytes.
+
+    Raises:
+        MpsError: for text that is neither.
+    """
+    t = text.strip()
+    if t.lower() in _UNLIMITED:
+        return None
+    m = _MEMORY.match(t)
+    if not m:
+        raise MpsError(f"cannot parse MPS memory value {text!r}")
+    return int(m.group(1)) * _UNITS[m.group(2).upper()]

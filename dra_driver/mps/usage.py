@@ -1,0 +1,68 @@
+"""The usage source for :mod:`dra_driver.accounting` on real nodes (MPS + NVML).
+
+- clients: ``client list --server=gpu_<i>`` rows whose namespace is the claim's (mps-notes 2.6);
+- used memory, ``hard`` tier: the sum of ``currentUsed`` from ``nvmlDeviceGetMemoryLimits_v1``
+  over the claim's recorded container cgroups that still exist (notes 3.5, 5);
+- used memory otherwise (or when no cgroup is recorded): the sum of ``usedGpuMemory`` of the
+  claim's client PIDs in ``nvmlDeviceGetMPSComputeRunningProcesses_v3`` ([INFERRED] that it
+  reports per-client memory under MPS; verify on hardware). No clients -> 0 bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from dra_driver.accounting import FractionUsage
+from dra_driver.mps.enforcer import MpsEnforcer
+from dra_driver.mps.nvml import NvmlError, NvmlFacade
+from dra_driver.prepare import ClaimPlan
+
+
+class MpsUsageSource:
+    """:class:`~dra_driver.accounting.UsageSource` backed by the enforcer's MPS daemons and NVML.
+
+    Args:
+        enforcer: the node's MPS enforcer (targets, clients, cgroup records).
+        nvml: NVML facade.
+    """
+
+    def __init__(self, enforcer: MpsEnforcer, nvml: NvmlFacade) -> None:
+        self.enforcer = enforcer
+        self.nvml = nvml
+
+    def snapshot(self, plans: Sequence[ClaimPlan]) -> Mapping[tuple[str, str], FractionUsage]:
+        """Usage of every applied claim in ``plans``; raises when MPS cannot be asked."""
+        uids = {p.claim.uid for p in plans}
+        clients = self.enforcer.clients()
+        procs: dict[str, dict[int, int | None]] = {}
+        out: dict[tuple[str, str], FractionUsage] = {}
+        for t in self.enforcer.targets():
+            key = (t.claim.uid, t.gpu.uuid)
+            if t.claim.uid not in uids or not t.uses_mps:
+                continue
+            rows = clients.get(key, [])
+            used: int | None = None
+            if t.tier == "hard":
+                used = self._cgroup_used(t.claim.uid, t.gpu.uuid)
+            if used is None:
+                if t.gpu.uuid not in procs:
+                    try:
+                        procs[t.gpu.uuid] = {
+                            p.pid: p.used_bytes for p in self.nvml.mps_processes(t.gpu.uuid)
+                        }
+                    except NvmlError:
+                        procs[t.gpu.uuid] = {}
+                known = [procs[t.gpu.uuid].get(c.pid) for c in rows]
+                if all(v is not None for v in known):
+                    used = sum(v for v in known if v is not None)
+            out[key] = FractionUsage(used_bytes=used, clients=len(rows))
+        return out
+
+    def _cgroup_used(self, claim_uid: str, gpu_uuid: str) -> int | None:
+        cgroups = [p for p in self.enforcer.janitor.containers(claim_uid).values() if p.is_dir()]
+        if not cgroups:
+            return None
+        try:
+            return sum(self.nvml.cgroup_memory(gpu_uuid, str(p)).used_bytes for p in cgroups)
+        except NvmlError:
+            return None
