@@ -60,6 +60,27 @@ def _parser() -> argparse.ArgumentParser:
         help="pod UID for rolling-update socket names (env POD_UID); empty: classic names",
     )
     p.add_argument("--metrics-port", type=int, default=0, help="serve /metrics here (0: off)")
+    p.add_argument("--mps-root", default="/run/gpu-fraction", help="MPS pipe/log/state root")
+    p.add_argument("--mps-control", default="nvidia-cuda-mps-control", help="MPS control binary")
+    p.add_argument(
+        "--cdi-hook",
+        default="/usr/bin/nvidia-cdi-hook",
+        help="host path of the NVIDIA container toolkit's CDI hook (hard enforcement tier)",
+    )
+    p.add_argument("--driver-root", default="/", help="host root of the NVIDIA driver files")
+    p.add_argument("--host-root", default="/", help="where the host's / is visible (detection)")
+    p.add_argument(
+        "--default-active-thread-percentage",
+        type=int,
+        default=100,
+        help="SM ceiling (1..100) of sm-sharing claims that set none",
+    )
+    p.add_argument(
+        "--time-slicing-compute-mode",
+        default="EXCLUSIVE_PROCESS",
+        choices=("EXCLUSIVE_PROCESS", "DEFAULT"),
+        help="NVML compute mode of time-slicing GPUs while MPS serves them",
+    )
     p.add_argument(
         "--publish-interval", type=float, default=30.0, help="seconds between slice syncs"
     )
@@ -90,11 +111,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logs.configure(args.log_level, args.log_format)
     if args.command == "render-slices":
-        from dra_driver.gpus import GpuSourceError
+        from dra_driver.enforcement import detect_enforcement
+        from dra_driver.gpus import GpuSourceError, Inventory
         from dra_driver.slices import render_slices_json
 
+        def tiers(inventory: Inventory) -> dict[str, str]:
+            simulated = args.gpus.startswith("simulated:")
+            return detect_enforcement(inventory, simulated=simulated).tiers
+
         try:
-            print(render_slices_json(args.node, args.gpus, args.config, args.driver))
+            print(render_slices_json(args.node, args.gpus, args.config, args.driver, tiers))
         except (ValueError, GpuSourceError, OSError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -111,6 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         print(json.dumps({"bootId": doc.get("bootId"), "claims": summary}, indent=2))
         return 0
+    from dra_driver.mps.enforcer import MpsOptions
     from dra_driver.plugin import PluginOptions, run
 
     if not args.node_name:
@@ -130,5 +157,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             rolling_update_uid=args.rolling_update_uid,
             metrics_port=args.metrics_port,
             publish_interval=args.publish_interval,
+            host_root=args.host_root,
+            mps=MpsOptions(
+                root=args.mps_root,
+                control_binary=args.mps_control,
+                ctk_hook_path=args.cdi_hook,
+                driver_root=args.driver_root,
+                default_active_thread_percentage=args.default_active_thread_percentage,
+                time_slicing_compute_mode=args.time_slicing_compute_mode,
+            ),
         )
     )

@@ -307,8 +307,13 @@ class Driver:
         return errors
 
     def prepared_plans(self) -> list[ClaimPlan]:
-        """Plans of every prepared claim (for metrics and health)."""
-        return [plan_from_json(r["plan"]) for r in self.checkpoint.claims.values()]
+        """Plans of every prepared claim (for metrics and health); safe without the lock.
+
+        ``list(dict.values())`` copies in one step under the GIL, and Prepare/Unprepare only
+        add or remove whole records, so the snapshot is consistent.
+        """
+        records = list(self.checkpoint.claims.values())
+        return [plan_from_json(r["plan"]) for r in records]
 
     def close(self) -> None:
         """Stop the claim-reader threads."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 
@@ -16,16 +16,22 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client import start_http_server
 from urllib3.exceptions import HTTPError
 
+from dra_driver.accounting import UsageSource, register_accounting
 from dra_driver.checkpoint import read_boot_id
 from dra_driver.claims import ApiClaimReader
 from dra_driver.config import NodeConfig, load_node_config
 from dra_driver.driver import Driver
+from dra_driver.enforcement import EnforcementReport, detect_enforcement
 from dra_driver.gpus import GpuSource, Inventory, open_source
 from dra_driver.kubelet.server import PluginServer, SocketPaths
 from dra_driver.locking import PrepareLock
 from dra_driver.metrics import Metrics
 from dra_driver.mps import FractionEnforcer, RecordingEnforcer
+from dra_driver.mps.enforcer import MpsEnforcer, MpsOptions
+from dra_driver.mps.nvml import PynvmlFacade
+from dra_driver.mps.usage import MpsUsageSource
 from dra_driver.publisher import SlicePublisher
+from dra_driver.runner import SubprocessRunner
 from dra_driver.slices import FractionDevice, build_slices, plan_devices
 
 log = structlog.get_logger(__name__)
@@ -48,6 +54,13 @@ class PluginOptions:
     metrics_port: int = 0
     publish_interval: float = 30.0
     health_interval: float = 20.0
+    mps: MpsOptions = field(default_factory=MpsOptions)
+    host_root: str = "/"
+
+    @property
+    def simulated(self) -> bool:
+        """Whether the GPUs are simulated (then enforcement is recorded, not applied)."""
+        return self.gpus.startswith("simulated:")
 
 
 class NodeState:
@@ -92,9 +105,20 @@ def read_node_uid(api: k8s.ApiClient, node_name: str) -> str | None:
     return node.metadata.uid if node.metadata else None
 
 
-def make_enforcer(opts: PluginOptions) -> FractionEnforcer:
-    """The enforcer for this node: recording for simulated GPUs."""
-    return RecordingEnforcer()
+def make_enforcer(
+    opts: PluginOptions, report: EnforcementReport
+) -> tuple[FractionEnforcer, UsageSource | None]:
+    """The enforcer for this node and its usage source for accounting.
+
+    Simulated GPUs get the :class:`RecordingEnforcer` (no usage source); real GPUs the MPS
+    enforcer with NVML.
+    """
+    if opts.simulated:
+        return RecordingEnforcer(), None
+    nvml = PynvmlFacade()
+    options = replace(opts.mps, dmem_backend=report.node.dmem_backend)
+    enforcer = MpsEnforcer(report.tiers, nvml, SubprocessRunner(), options)
+    return enforcer, MpsUsageSource(enforcer, nvml)
 
 
 def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
@@ -103,6 +127,14 @@ def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
     config = load_node_config(opts.node_config)
     state = NodeState(open_source(opts.gpus, seed=opts.node_name), config)
     state.refresh()
+    report = detect_enforcement(
+        state.inventory,
+        simulated=opts.simulated,
+        root=opts.host_root,
+        control_binary=opts.mps.control_binary,
+        hook_path=opts.mps.ctk_hook_path,
+    )
+    enforcer, usage = make_enforcer(opts, report)
     api = api_client(opts.kubeconfig)
     metrics = Metrics()
     paths = SocketPaths.for_driver(
@@ -113,7 +145,7 @@ def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
         pool=opts.node_name,
         reader=ApiClaimReader(api),
         devices=state.devices,
-        enforcer=make_enforcer(opts),
+        enforcer=enforcer,
         cdi_root=opts.cdi_root,
         state_dir=opts.state_dir,
         lock=PrepareLock(Path(opts.plugin_dir) / opts.driver_name / "prepare.lock"),
@@ -127,11 +159,21 @@ def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
     def desired() -> list[dict[str, object]]:
         state.refresh()
         return build_slices(
-            state.inventory, config, opts.driver_name, opts.node_name, node_uid=node_uid
+            state.inventory,
+            config,
+            opts.driver_name,
+            opts.node_name,
+            enforcement=report.tiers,
+            node_uid=node_uid,
         )
 
     server = PluginServer(driver, paths, state.devices, opts.health_interval)
     server.start()
+    register_accounting(metrics.registry, driver.prepared_plans, usage)
+    if isinstance(enforcer, MpsEnforcer):
+        threading.Thread(
+            target=enforcer.supervise, args=(stop, 10.0), name="mps-supervisor", daemon=True
+        ).start()
     if opts.metrics_port:
         start_http_server(opts.metrics_port, registry=metrics.registry)
     publishing = threading.Thread(

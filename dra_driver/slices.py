@@ -35,7 +35,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from types import MappingProxyType
@@ -515,12 +515,14 @@ def render_slices_json(
     gpus_spec: str,
     config_path: str | None,
     driver: str,
-    enforcement: Mapping[str, str] = _NO_ENFORCEMENT,
+    tiers: Callable[[Inventory], Mapping[str, str]] | None = None,
 ) -> str:
     """JSON array of the slices the plugin would publish for ``node`` (``render-slices`` CLI).
 
     ``gpus_spec`` is a ``--gpus`` value (``nvml`` or ``simulated:H200x8``; simulated UUIDs are
-    seeded with the node name, as in the plugin). No trailing newline (``print`` adds one).
+    seeded with the node name, as in the plugin). ``tiers`` maps the discovered inventory to
+    each GPU's memory-enforcement tier (as the plugin detects it; default: none). No trailing
+    newline (``print`` adds one).
 
     Raises:
         ConfigError: invalid configuration file.
@@ -532,6 +534,7 @@ def render_slices_json(
 
     config = load_node_config(config_path)
     inventory = open_source(gpus_spec, seed=node).discover()
+    enforcement = tiers(inventory) if tiers else _NO_ENFORCEMENT
     slices = build_slices(inventory, config, driver, node, enforcement=enforcement)
     return json.dumps(slices, indent=2)
 

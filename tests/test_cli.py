@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from dra_driver import DEFAULT_DRIVER_NAME
+from dra_driver._proto import dra_v1_pb2
 from dra_driver.kubelet.server import SocketPaths
+from tests import claimfactory as cf
 from tests.apiserver_stub import ClaimServer
 from tests.conftest import kubelet_connect
 
@@ -49,58 +54,112 @@ def test_render_slices_bad_spec_is_a_clear_error() -> None:
     assert "unknown simulated GPU model 'H900'" in out.stderr
 
 
+def _kubeconfig(path: Path, host: str) -> Path:
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": host}}],
+                "users": [{"name": "u", "user": {}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _start_plugin(
+    tmp: str, api: ClaimServer, *extra: str
+) -> tuple[subprocess.Popen[str], SocketPaths]:
+    kubeconfig = _kubeconfig(Path(tmp) / "kubeconfig", api.api_client().configuration.host)
+    paths = SocketPaths.for_driver(DEFAULT_DRIVER_NAME, f"{tmp}/p", f"{tmp}/r")
+    proc = subprocess.Popen(
+        [
+            *CLI,
+            "kubelet-plugin",
+            "--node-name=n1",
+            "--gpus=simulated:H200x1",
+            f"--kubeconfig={kubeconfig}",
+            f"--plugin-dir={tmp}/p",
+            f"--registry-dir={tmp}/r",
+            f"--cdi-root={tmp}/cdi",
+            f"--state-dir={tmp}/s",
+            "--publish-interval=3600",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 30
+    while not paths.registration.exists() and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        time.sleep(0.1)
+    return proc, paths
+
+
+def _stop(proc: subprocess.Popen[str]) -> str:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.stderr.read() if proc.stderr else ""
+
+
 def test_plugin_stops_cleanly_on_sigterm() -> None:
     with tempfile.TemporaryDirectory(prefix="drac-") as tmp, ClaimServer() as api:
-        root = Path(tmp)
-        kubeconfig = root / "kubeconfig"
-        host = api.api_client().configuration.host
-        kubeconfig.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "c", "cluster": {"server": host}}],
-                    "users": [{"name": "u", "user": {}}],
-                    "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-                    "current-context": "x",
-                }
-            )
-        )
-        paths = SocketPaths.for_driver(DEFAULT_DRIVER_NAME, f"{tmp}/p", f"{tmp}/r")
-        proc = subprocess.Popen(
-            [
-                *CLI,
-                "kubelet-plugin",
-                "--node-name=n1",
-                "--gpus=simulated:H200x1",
-                f"--kubeconfig={kubeconfig}",
-                f"--plugin-dir={tmp}/p",
-                f"--registry-dir={tmp}/r",
-                f"--cdi-root={tmp}/cdi",
-                f"--state-dir={tmp}/s",
-                "--publish-interval=3600",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            deadline = time.monotonic() + 30
-            while not paths.registration.exists() and time.monotonic() < deadline:
-                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-                time.sleep(0.1)
-            kubelet = kubelet_connect(paths)
-            assert kubelet.info.endpoint == str(paths.dra)
-            kubelet.channel.close()
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=20) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+        proc, paths = _start_plugin(tmp, api)
+        kubelet = kubelet_connect(paths)
+        assert kubelet.info.endpoint == str(paths.dra)
+        kubelet.channel.close()
+        stderr = _stop(proc)
         assert not paths.registration.exists()
         assert not paths.dra.exists()
-        stderr = proc.stderr.read() if proc.stderr else ""
         assert "plugin stopped; sockets removed" in stderr
+
+
+def test_metrics_scraped_from_running_plugin() -> None:
+    port = _free_port()
+    with tempfile.TemporaryDirectory(prefix="drac-") as tmp, ClaimServer() as api:
+        claim = cf.claim([cf.result("gpu-0-quarter-1", "n1")])
+        api.add(claim)
+        m = claim["metadata"]
+        proc, paths = _start_plugin(tmp, api, f"--metrics-port={port}")
+        try:
+            kubelet = kubelet_connect(paths)
+            reply = kubelet.v1.NodePrepareResources(
+                dra_v1_pb2.NodePrepareResourcesRequest(
+                    claims=[
+                        dra_v1_pb2.Claim(namespace=m["namespace"], name=m["name"], uid=m["uid"])
+                    ]
+                ),
+                timeout=45,
+            )
+            assert reply.claims[m["uid"]].error == ""
+            kubelet.channel.close()
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+        finally:
+            _stop(proc)
+    families = {f.name: f for f in text_string_to_metric_families(text.decode())}
+    [prepared] = [
+        s for s in families["dra_gpu_fraction_operations"].samples if s.name.endswith("_total")
+    ]
+    assert prepared.labels == {"operation": "prepare"} and prepared.value == 1
+    [limit] = families["dra_gpu_fraction_claim_memory_limit_bytes"].samples
+    assert limit.labels["claim_uid"] == m["uid"]
+    assert limit.labels["compute_mode"] == "time-slicing"
+    assert limit.value == (143771 // 4) * 1024 * 1024
 
 
 def test_render_slices_bad_node_name_is_a_clear_error() -> None:
