@@ -1,0 +1,116 @@
+{{/* Chart name, possibly overridden. */}}
+{{- define "gfd.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Fully qualified name: the release name if it contains the chart name. */}}
+{{- define "gfd.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Name of the kubelet plugin's objects (DaemonSet, ServiceAccount, ClusterRole...). */}}
+{{- define "gfd.pluginName" -}}
+{{- printf "%s-kubelet-plugin" (include "gfd.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "gfd.serviceAccountName" -}}
+{{- default (include "gfd.pluginName" .) .Values.serviceAccount.name -}}
+{{- end -}}
+
+{{/* The username the API server gives the plugin's service account. */}}
+{{- define "gfd.serviceAccountUser" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "gfd.serviceAccountName" .) -}}
+{{- end -}}
+
+{{/* Labels of every namespaced and cluster-scoped object except the DeviceClasses, which
+     carry exactly the labels dra_driver/deviceclasses.py gives them. */}}
+{{- define "gfd.labels" -}}
+app.kubernetes.io/name: {{ include "gfd.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: gpu-fraction-dra
+{{- end -}}
+
+{{- define "gfd.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gfd.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: kubelet-plugin
+{{- end -}}
+
+{{- define "gfd.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion | toString) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The driver name as a label value (as dra_driver.deviceclasses._label_value). */}}
+{{- define "gfd.driverLabel" -}}
+{{- regexReplaceAll "[^A-Za-z0-9_.-]" .Values.driverName "-" | trunc 63 | trimAll "-_." | default "dra-driver" -}}
+{{- end -}}
+
+{{/* The node configuration document (YAML) for the ConfigMap. */}}
+{{- define "gfd.nodeConfig" -}}
+{{- $doc := deepCopy (.Values.nodeConfig | default dict) -}}
+{{- $_ := set $doc "apiVersion" "gpu-fraction.dra.dev/v1alpha1" -}}
+{{- $_ := set $doc "kind" "NodeConfig" -}}
+{{- if .Values.products -}}
+{{- $_ := set $doc "products" .Values.products -}}
+{{- end -}}
+{{- toYaml $doc -}}
+{{- end -}}
+
+{{/* Every product any GPU may offer, unique by name, defaults first (as
+     NodeConfig.all_products), as a JSON list of {name, portion}. Without top-level products
+     the plugin's built-in defaults apply, so their names are used. */}}
+{{- define "gfd.allProducts" -}}
+{{- $defaults := list (dict "name" "eighth") (dict "name" "quarter") (dict "name" "half") (dict "name" "full") -}}
+{{- $all := list -}}
+{{- $seen := dict -}}
+{{- range (.Values.products | default $defaults) -}}
+{{- if not (hasKey $seen .name) -}}
+{{- $_ := set $seen .name true -}}
+{{- $all = append $all (dict "name" .name) -}}
+{{- end -}}
+{{- end -}}
+{{- range ((.Values.nodeConfig | default dict).gpus | default list) -}}
+{{- range (.products | default list) -}}
+{{- if not (hasKey $seen .name) -}}
+{{- $_ := set $seen .name true -}}
+{{- $all = append $all (dict "name" .name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $all -}}
+{{- end -}}
+
+{{/* Fail early on values the plugin or the policies would reject. */}}
+{{- define "gfd.validate" -}}
+{{- range .Values.fractionModels -}}
+{{- if not (has . (list "products" "capacity")) -}}
+{{- fail (printf "fractionModels: unknown model %q (known: products, capacity)" .) -}}
+{{- end -}}
+{{- end -}}
+{{- range .Values.computeModes -}}
+{{- if not (has . (list "time-slicing" "sm-sharing")) -}}
+{{- fail (printf "computeModes: unknown mode %q (known: time-slicing, sm-sharing)" .) -}}
+{{- end -}}
+{{- end -}}
+{{- $model := ((.Values.nodeConfig | default dict).defaults | default dict).fractionModel | default "products" -}}
+{{- if not (has $model .Values.fractionModels) -}}
+{{- fail (printf "nodeConfig.defaults.fractionModel %q is not in fractionModels %v" $model .Values.fractionModels) -}}
+{{- end -}}
+{{- if not (gt (int .Values.metricsPort) 0) -}}
+{{- fail "metricsPort must be > 0: the probes use the metrics endpoint" -}}
+{{- end -}}
+{{- end -}}
