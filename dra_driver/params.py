@@ -17,6 +17,7 @@ overrides the fields it sets (Kubernetes DRA: "the later wins").
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields, replace
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
@@ -37,6 +38,10 @@ _FIELDS = {
     "computeMode",
     "activeThreadPercentage",
 }
+
+
+_DECIMAL = re.compile(r"^[0-9]*\.?[0-9]+$")
+"""Plain decimal notation, as the claim-parameters admission policy accepts it."""
 
 
 class ParameterError(ValueError):
@@ -76,6 +81,8 @@ class ClaimParameters:
 
 
 def _quantity_bytes(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise ParameterError(f"{where}: {value!r} must be a Kubernetes quantity (e.g. 60Gi, 512Mi)")
     try:
         q = parse_quantity(value)
     except (ValueError, TypeError, InvalidOperation) as exc:
@@ -90,12 +97,13 @@ def _quantity_bytes(value: Any, where: str) -> int:
 
 
 def _portion(value: Any, where: str) -> Fraction:
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
+    plain = isinstance(value, str) and _DECIMAL.match(value) is not None
+    if isinstance(value, bool) or not (plain or isinstance(value, int | float)):
         raise ParameterError(f'{where}: {value!r} must be a number in (0, 1], e.g. "0.8"')
     try:
         portion = Fraction(Decimal(str(value)))
-    except (InvalidOperation, ValueError) as exc:
-        raise ParameterError(f'{where}: {value!r} must be a number in (0, 1], e.g. "0.8"') from exc
+    except (ValueError, OverflowError) as exc:  # NaN, infinity
+        raise ParameterError(f"{where}: {value} is outside (0, 1]") from exc
     if not 0 < portion <= 1:
         raise ParameterError(f"{where}: {value} is outside (0, 1]")
     return portion
