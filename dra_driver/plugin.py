@@ -154,10 +154,12 @@ def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
     )
     driver.start()
     publisher = SlicePublisher(k8s.ResourceV1Api(api), opts.driver_name, opts.node_name)
-    node_uid = read_node_uid(api, opts.node_name)
 
     def desired() -> list[dict[str, object]]:
         state.refresh()
+        # Read every round: a re-registered Node has a new UID, and slices owned by the old
+        # one would be garbage-collected as soon as they are written.
+        node_uid = read_node_uid(api, opts.node_name)
         return build_slices(
             state.inventory,
             config,
@@ -176,10 +178,17 @@ def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
         ).start()
     if opts.metrics_port:
         start_http_server(opts.metrics_port, registry=metrics.registry)
+    wake = threading.Event()
     publishing = threading.Thread(
-        target=publisher.run, args=(stop, desired, opts.publish_interval), daemon=True
+        target=publisher.run,
+        args=(stop, desired, opts.publish_interval, wake),
+        name="publisher",
+        daemon=True,
     )
     publishing.start()
+    threading.Thread(
+        target=publisher.watch, args=(stop, wake), name="slice-watch", daemon=True
+    ).start()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         log.info("signal received; stopping", signal=signum)
@@ -190,6 +199,7 @@ def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
         signal.signal(signal.SIGINT, on_signal)
     log.info("kubelet plugin running", node=opts.node_name, gpus=len(state.inventory.gpus))
     stop.wait()
+    wake.set()
     server.stop()
     publishing.join(timeout=5)
     driver.close()

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import structlog
+from kubernetes import watch as k8s_watch
 
 from dra_driver.config import quantity_value
 
@@ -284,13 +285,17 @@ class SlicePublisher:
         stop_event: threading.Event,
         desired_fn: Callable[[], Sequence[Mapping[str, Any]]],
         interval: float = 30.0,
+        wake: threading.Event | None = None,
     ) -> None:
         """Publish ``desired_fn()`` now and every ``interval`` seconds until ``stop_event``.
 
-        Errors are logged and retried at the next round; slices are left in place on stop
-        (the kubelet removes them if the plugin stays away).
+        Setting ``wake`` (e.g. from :meth:`watch`, when someone else deleted or changed one
+        of our slices) starts the next round at once. Errors are logged and retried at the
+        next round; slices are left in place on stop (the kubelet removes them if the plugin
+        stays away). Set ``wake`` after ``stop_event`` to end a wait early.
         """
         self._stop = stop_event
+        wake = wake or stop_event
         while not stop_event.is_set():
             try:
                 self.publish(desired_fn())
@@ -298,8 +303,30 @@ class SlicePublisher:
                 if stop_event.is_set():
                     break
                 log.error("resource slice publishing failed", error=str(exc), interval_s=interval)
-            if stop_event.wait(interval):
-                break
+            wake.wait(interval)
+            if wake is not stop_event:
+                wake.clear()
+
+    def watch(self, stop_event: threading.Event, wake: threading.Event, timeout: int = 60) -> None:
+        """Watch this node's slices of this driver; set ``wake`` when one is deleted or
+        changed by someone else (a kubelet restart wipes them), so :meth:`run` republishes
+        at once instead of after its interval. Reconnects (with a pause) until stopped.
+        """
+        while not stop_event.is_set():
+            try:
+                stream = k8s_watch.Watch().stream(
+                    self._api.list_resource_slice,
+                    field_selector=self.field_selector,
+                    timeout_seconds=timeout,
+                )
+                for event in stream:
+                    if stop_event.is_set():
+                        return
+                    if event["type"] in ("DELETED", "MODIFIED"):
+                        wake.set()
+            except Exception as exc:  # API server away: retry after a pause
+                log.warning("resource slice watch failed; retrying", error=str(exc))
+                stop_event.wait(5.0)
 
     # --- internals ------------------------------------------------------------------------
 
