@@ -343,7 +343,10 @@ def test_mode_conflict_on_one_gpu(tmp_path: Path) -> None:
         (lambda g, h: [device(g, GIB, mode="sm-sharing", threads=101)], "not in 1..100"),
         (lambda g, h: [device(g, 2 * GIB, GIB)], "above its limit"),
         (lambda g, h: [device(g, 1000, 1000)], "below 1 MiB"),
-        (lambda g, h: [device(g, GIB), device(h, GIB, name="gpu-1-quarter-0")], "several GPUs"),
+        (
+            lambda g, h: [device(g, GIB), device(h, 2 * GIB, name="gpu-1-quarter-0")],
+            "different memory limits",
+        ),
         (
             lambda g, h: [
                 device(g, GIB),
