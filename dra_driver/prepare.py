@@ -15,6 +15,7 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
+from dra_driver.config import canonical_quantity
 from dra_driver.gpus import Gpu
 from dra_driver.ids import PrepareError, validate_uid
 from dra_driver.params import ClaimParameters, ParameterError, parse_parameters
@@ -144,11 +145,15 @@ def _plan_device(
         limit = request
     if limit < request:
         raise PrepareError(
-            f"{where}: memory limit {limit} bytes is below the request {request} bytes; "
-            "raise memoryLimit/memoryLimitPortion or pick a smaller product"
+            f"{where}: memory limit {canonical_quantity(limit)} is below the request "
+            f"{canonical_quantity(request)}; raise memoryLimit/memoryLimitPortion or pick a "
+            "smaller product"
         )
     if limit > card:
-        raise PrepareError(f"{where}: memory limit {limit} bytes exceeds the card's {card} bytes")
+        raise PrepareError(
+            f"{where}: memory limit {canonical_quantity(limit)} exceeds the card's "
+            f"{canonical_quantity(card)}"
+        )
     return DevicePlan(
         request_names=(str(result["request"]),),
         pool=str(result["pool"]),
