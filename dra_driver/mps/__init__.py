@@ -2,16 +2,18 @@
 
 The plugin calls a :class:`FractionEnforcer` during Prepare/Unprepare. Implementations:
 :class:`RecordingEnforcer` (simulated GPUs: records what it was asked and returns the CDI
-edits a real node would get) and :class:`MpsEnforcer` (real GPUs: MPS v3 namespaces plus the
-driver's per-container memory limits on ``hard`` GPUs; see ``docs/enforcement.md``).
+edits a real node would get, from the same pure functions) and :class:`MpsEnforcer` (real GPUs:
+MPS v3 namespaces plus the driver's per-container memory limits on ``hard`` GPUs; see
+``docs/enforcement.md``).
 """
 
 from __future__ import annotations
 
 from dra_driver.mps.base import FractionEnforcer, MpsError
-from dra_driver.mps.enforcer import FractionTarget, GpuHealth, MpsEnforcer, MpsOptions
+from dra_driver.mps.enforcer import GpuHealth, MpsEnforcer
 from dra_driver.mps.nvml import NvmlError, NvmlFacade, PynvmlFacade
 from dra_driver.mps.recording import RecordingEnforcer
+from dra_driver.mps.targets import FractionTarget, MpsOptions
 
 __all__ = [
     "FractionEnforcer",

@@ -34,6 +34,11 @@ MODES = ("time-slicing", "sm-sharing")
 """Compute modes, each served by its own daemon."""
 
 
+def daemon_pipe_dir(root: Path, mode: str) -> Path:
+    """``CUDA_MPS_PIPE_DIRECTORY`` of the daemon serving ``mode`` under the enforcer's MPS root."""
+    return root / mode / "pipe"
+
+
 def config_toml(mode: str) -> str:
     """The daemon's ``-a`` configuration for ``mode`` (schema of notes 2.9, 615 keys only)."""
     if mode not in MODES:
@@ -77,7 +82,7 @@ class MpsDaemon:
             raise MpsError(f"unknown compute mode {mode!r}")
         self.mode = mode
         self.dir = root / mode
-        self.pipe_dir = self.dir / "pipe"
+        self.pipe_dir = daemon_pipe_dir(root, mode)
         self.log_dir = self.dir / "log"
         self.config_file = self.dir / "mps.toml"
         self.control = MpsControl(runner, self.pipe_dir, self.log_dir, binary, timeout)

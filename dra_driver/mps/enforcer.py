@@ -1,29 +1,28 @@
 """The real :class:`~dra_driver.mps.base.FractionEnforcer`: MPS v3 namespaces plus, on ``hard``
 GPUs, the driver's per-container memory limits. Design and sources: ``docs/enforcement.md``
-and ``shared/reference/mps-notes.md``.
+and ``shared/reference/mps-notes.md``. The pure decisions (targets, edits, validation) live in
+:mod:`dra_driver.mps.targets`, shared with the simulated :class:`RecordingEnforcer`.
 
 Layout on the node (host paths; the plugin sees them at the same paths):
 
 - ``<root>/mps/<mode>/pipe``: pipe directory of the control daemon serving ``mode``
   (``time-slicing`` or ``sm-sharing``, see :mod:`dra_driver.mps.daemon`), started lazily;
-- per GPU one server ``gpu_<index>`` with ``--allowed-devices=<UUID>``, created in the daemon
-  of the GPU's mode after the GPU's compute mode is set (EXCLUSIVE_PROCESS by default);
-- per claim one namespace ``c_<uid>`` on that server, ALWAYS with both a pinned memory limit
-  (the claim's limit, whole MiB) and an active thread percentage (time-slicing: 100;
-  sm-sharing: the claim's value or ``default_active_thread_percentage``), because named
+- per GPU one shared server ``gpu_<index>`` with ``--allowed-devices=<UUID>``, created in the
+  daemon of the GPU's mode after the GPU's compute mode is set (EXCLUSIVE_PROCESS by default);
+- per single-GPU claim one namespace ``c_<uid>`` on that server, ALWAYS with both a pinned
+  memory limit (the claim's limit, whole MiB) and an active thread percentage (time-slicing:
+  100; sm-sharing: the claim's value or ``default_active_thread_percentage``), because named
   namespaces inherit nothing from the server (notes 2.4);
+- per multi-GPU claim its own server ``m_<uid>`` with ``--allowed-devices=<UUID>,<UUID>...``
+  (all its GPUs, one mode) and one namespace ``c_<uid>`` on it (same limits rule; the limit
+  applies to each GPU, notes 3.3); deleted with the claim (clients terminated first);
 - the claim's container gets only its namespace's pipe directory, bind-mounted at
   ``/tmp/nvidia-mps``, and ``CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps``;
-- ``hard`` GPUs add the toolkit's ``createRuntime`` memory-limit hook with
-  ``NVIDIA_GPU_MEMORY_REQUEST``/``_LIMIT`` and our cgroup record hook (:mod:`.hooks`);
+- ``hard`` GPUs add the toolkit's ``createRuntime`` memory-limit hook (one per device, for the
+  device's GPU) with ``NVIDIA_GPU_MEMORY_REQUEST``/``_LIMIT`` and our cgroup record hook;
 - ``<root>/mps/compute-mode/<uuid>``: marker of a GPU whose compute mode we changed (so a
   restarted plugin puts it back to DEFAULT when no claim needs it);
 - ``<root>/cgroups/<claim-uid>/``: the record hook's files (:mod:`.janitor`).
-
-Multi-device rule: all devices of a claim that use MPS must be on ONE GPU (a client connects to
-one pipe directory, hence one per-GPU server; and the hook env is container-wide). Devices of
-one claim on the same GPU share the claim's namespace: request and limit are summed (limit
-capped at the card), thread percentages summed (capped at 100).
 """
 
 from __future__ import annotations
@@ -38,21 +37,18 @@ from pathlib import Path
 
 import structlog
 
-from dra_driver.cdi import ContainerEdits, Mount
+from dra_driver.cdi import ContainerEdits
 from dra_driver.gpus import MIB, Gpu
 from dra_driver.mps.base import MpsError
-from dra_driver.mps.control import CONTROL_BINARY, ClientRow, MpsCommandError, ServerRow
+from dra_driver.mps.control import ClientRow, MpsCommandError, MpsControl, ServerRow
 from dra_driver.mps.daemon import MODES, MpsDaemon
-from dra_driver.mps.hooks import (
-    CTK_HOOK_PATH,
-    RECORD_SHELL,
-    memory_env,
-    memory_limit_hook,
-    record_cgroup_hook,
-)
 from dra_driver.mps.janitor import SoftLimitJanitor
 from dra_driver.mps.names import (
+    DEDICATED_PREFIX,
+    SERVER_PREFIX,
     claim_uid_of,
+    claim_uid_of_server,
+    dedicated_server_name,
     memory_arg,
     mib,
     namespace_name,
@@ -60,116 +56,39 @@ from dra_driver.mps.names import (
     server_name,
 )
 from dra_driver.mps.nvml import NvmlError, NvmlFacade
-from dra_driver.mps.recording import CONTAINER_PIPE_DIR
-from dra_driver.prepare import ClaimPlan, ClaimRef
+from dra_driver.mps.targets import (
+    CONTAINER_PIPE_DIR,
+    DEFAULT_ROOT,
+    TIERS,
+    FractionTarget,
+    MpsOptions,
+    check_mode_conflicts,
+    claim_edits,
+    gpus_text,
+    namespace_pipe_dir,
+    plan_targets,
+    target_edits,
+)
+from dra_driver.prepare import ClaimPlan
 from dra_driver.runner import Runner
 
+__all__ = [
+    "CONTAINER_PIPE_DIR",
+    "DEFAULT_ROOT",
+    "TIERS",
+    "FractionTarget",
+    "GpuHealth",
+    "MpsEnforcer",
+    "MpsOptions",
+    "plan_targets",
+    "target_edits",
+]
+
 log = structlog.get_logger(__name__)
-
-TIERS = ("hard", "cooperative", "none")
-"""Enforcement tiers (``memoryEnforcement`` attribute), strongest first."""
-
-DEFAULT_ROOT = "/run/gpu-fraction"
-"""Default host directory for MPS pipe/log directories, markers and cgroup records."""
 
 _BAD_STATUS = ("fail", "error", "exit", "fault", "dead", "terminat", "stop")
 _READY = "ready"
 _EFFECT_ERRORS = (MpsError, NvmlError, OSError)
-
-
-@dataclass(frozen=True)
-class MpsOptions:
-    """Node-level settings of the MPS enforcer (defaults documented in docs/enforcement.md).
-
-    Attributes:
-        root: host directory for everything the enforcer writes (see module docstring).
-        control_binary: ``nvidia-cuda-mps-control`` (must run inside the plugin container).
-        ctk_hook_path: host path of the toolkit's ``nvidia-cdi-hook``.
-        driver_root: ``--driver-root`` for the toolkit hook (host path; ``/`` or e.g.
-            ``/run/nvidia/driver`` with a containerised driver).
-        record_cgroups: add our cgroup record hook on ``hard`` GPUs.
-        record_shell: host shell that runs the record hook.
-        cgroup_root: cgroup v2 mount as the plugin sees it.
-        dmem_backend: whether the driver uses the dmem cgroup backend (drift repair needed).
-        default_active_thread_percentage: sm-sharing claims without a value (1..100; 100 =
-            no SM ceiling; it is a ceiling, not a reservation).
-        time_slicing_compute_mode: NVML compute mode set on time-slicing GPUs while served.
-        sm_sharing_compute_mode: NVML compute mode set on sm-sharing GPUs while served.
-        command_timeout: seconds per MPS control command.
-        server_checks: ``server list`` polls after ``server create`` (stops early at Ready).
-        server_check_interval: seconds between those polls.
-    """
-
-    root: str = DEFAULT_ROOT
-    control_binary: str = CONTROL_BINARY
-    ctk_hook_path: str = CTK_HOOK_PATH
-    driver_root: str = "/"
-    record_cgroups: bool = True
-    record_shell: str = RECORD_SHELL
-    cgroup_root: str = "/sys/fs/cgroup"
-    dmem_backend: bool = True
-    default_active_thread_percentage: int = 100
-    time_slicing_compute_mode: str = "EXCLUSIVE_PROCESS"
-    sm_sharing_compute_mode: str = "EXCLUSIVE_PROCESS"
-    command_timeout: float = 10.0
-    server_checks: int = 10
-    server_check_interval: float = 0.5
-
-    @property
-    def mps_root(self) -> Path:
-        """``<root>/mps``: the daemons' directories."""
-        return Path(self.root) / "mps"
-
-    @property
-    def record_root(self) -> Path:
-        """``<root>/cgroups``: the record hook's directory."""
-        return Path(self.root) / "cgroups"
-
-    def compute_mode_for(self, mode: str) -> str:
-        """The NVML compute mode a GPU of ``mode`` runs while it has claims."""
-        return (
-            self.sm_sharing_compute_mode if mode == "sm-sharing" else self.time_slicing_compute_mode
-        )
-
-
-@dataclass(frozen=True)
-class FractionTarget:
-    """What one claim gets on one GPU (all its devices on that GPU together).
-
-    Attributes:
-        claim: the claim.
-        gpu: the GPU.
-        mode: ``time-slicing`` | ``sm-sharing``.
-        tier: ``hard`` | ``cooperative`` | ``none``.
-        device_keys: ``DevicePlan.key`` of the claim's devices on this GPU.
-        request_bytes: soft limit (guarantee), bytes.
-        limit_bytes: ceiling, bytes (MPS gets it in whole MiB, rounded down).
-        threads: active thread percentage set on the namespace.
-    """
-
-    claim: ClaimRef
-    gpu: Gpu
-    mode: str
-    tier: str
-    device_keys: tuple[str, ...]
-    request_bytes: int
-    limit_bytes: int
-    threads: int
-
-    @property
-    def server(self) -> str:
-        """The GPU's MPS server name."""
-        return server_name(self.gpu.index)
-
-    @property
-    def namespace(self) -> str:
-        """The claim's MPS namespace name."""
-        return namespace_name(self.claim.uid)
-
-    @property
-    def uses_mps(self) -> bool:
-        """Whether this target has an MPS namespace (tier hard or cooperative)."""
-        return self.tier != "none"
 
 
 @dataclass(frozen=True)
@@ -179,115 +98,6 @@ class GpuHealth:
     gpu_uuid: str
     healthy: bool
     detail: str = ""
-
-
-def plan_targets(
-    plan: ClaimPlan, tiers: Mapping[str, str], default_threads: int = 100
-) -> tuple[FractionTarget, ...]:
-    """Pure: the per-GPU targets of a claim, validated.
-
-    Args:
-        plan: the claim's plan.
-        tiers: GPU UUID -> tier (missing = ``none``).
-        default_threads: active thread percentage of sm-sharing claims without one.
-
-    Raises:
-        MpsError: devices of one GPU with different modes, an SM percentage on a time-slicing
-            GPU or outside 1..100, request above limit, a limit below 1 MiB, sm-sharing on a GPU
-            without MPS, or MPS devices on more than one GPU.
-    """
-    ref = plan.claim
-    who = f"claim {ref.namespace}/{ref.name}"
-    groups: dict[str, list[int]] = {}
-    for i, d in enumerate(plan.devices):
-        groups.setdefault(d.gpu.uuid, []).append(i)
-    targets = []
-    for uuid, indexes in groups.items():
-        devs = [plan.devices[i] for i in indexes]
-        gpu = devs[0].gpu
-        where = f"{who}, GPU {gpu.index} ({uuid})"
-        modes = {d.compute_mode for d in devs}
-        if len(modes) != 1:
-            raise MpsError(f"{where}: devices ask for different compute modes {sorted(modes)}")
-        mode = modes.pop()
-        if mode not in MODES:
-            raise MpsError(f"{where}: unknown compute mode {mode!r}")
-        tier = tiers.get(uuid, "none")
-        if tier not in TIERS:
-            raise MpsError(f"{where}: unknown enforcement tier {tier!r}")
-        threads_sum = 0
-        for d in devs:
-            atp = d.active_thread_percentage
-            if atp is not None and mode != "sm-sharing":
-                raise MpsError(
-                    f"{where}: device {d.device} sets activeThreadPercentage on a {mode} GPU; "
-                    "only sm-sharing GPUs take an SM ceiling"
-                )
-            if atp is not None and not 1 <= atp <= 100:
-                raise MpsError(f"{where}: activeThreadPercentage {atp} is not in 1..100")
-            if d.memory_request_bytes > d.memory_limit_bytes:
-                raise MpsError(
-                    f"{where}: device {d.device} requests {d.memory_request_bytes} bytes above "
-                    f"its limit {d.memory_limit_bytes} bytes"
-                )
-            if d.memory_request_bytes < 0:
-                raise MpsError(f"{where}: device {d.device} has a negative memory request")
-            threads_sum += atp if atp is not None else default_threads
-        limit = min(sum(d.memory_limit_bytes for d in devs), gpu.memory_bytes)
-        request = min(sum(d.memory_request_bytes for d in devs), limit)
-        threads = 100 if mode == "time-slicing" else min(100, threads_sum)
-        if tier == "none" and mode == "sm-sharing":
-            raise MpsError(f"{where}: sm-sharing needs MPS, and this GPU has no usable MPS")
-        if tier != "none" and limit < MIB:
-            raise MpsError(f"{where}: memory limit {limit} bytes is below 1 MiB")
-        targets.append(
-            FractionTarget(
-                claim=ref,
-                gpu=gpu,
-                mode=mode,
-                tier=tier,
-                device_keys=tuple(d.key for d in devs),
-                request_bytes=request,
-                limit_bytes=limit,
-                threads=threads,
-            )
-        )
-    if len(targets) > 1 and any(t.uses_mps for t in targets):
-        gpus = ", ".join(f"{t.gpu.index} ({t.gpu.uuid})" for t in targets)
-        raise MpsError(
-            f"{who} has devices on several GPUs ({gpus}); an MPS client reaches one per-GPU "
-            "server, so a claim's MPS fractions must all be on one GPU. Use one claim per GPU, "
-            "or a matchAttribute constraint on 'uuid' for multi-device requests"
-        )
-    return tuple(targets)
-
-
-def target_edits(
-    target: FractionTarget, pipe_dir: str | None, options: MpsOptions
-) -> ContainerEdits:
-    """Pure: the CDI edits of one device of ``target`` (env, the pipe mount, hooks).
-
-    Args:
-        target: the claim's target on the device's GPU.
-        pipe_dir: host path of the claim's namespace pipe directory (None for tier none).
-        options: hook paths and the record directory.
-    """
-    env = [
-        f"GPU_FRACTION_COMPUTE_MODE={target.mode}",
-        f"GPU_FRACTION_MEMORY_ENFORCEMENT={target.tier}",
-    ]
-    if not target.uses_mps or pipe_dir is None:
-        return ContainerEdits(env=tuple(env))
-    env.insert(0, f"CUDA_MPS_PIPE_DIRECTORY={CONTAINER_PIPE_DIR}")
-    mounts = (Mount(pipe_dir, CONTAINER_PIPE_DIR),)
-    if target.tier != "hard":
-        return ContainerEdits(env=tuple(env), mounts=mounts)
-    env.extend(memory_env(mib(target.request_bytes), mib(target.limit_bytes)))
-    hooks = [memory_limit_hook(target.gpu.uuid, options.driver_root, options.ctk_hook_path)]
-    if options.record_cgroups:
-        record_dir = str(options.record_root / target.claim.uid)
-        hooks.append(record_cgroup_hook(record_dir, options.record_shell))
-    return ContainerEdits(env=tuple(env), mounts=mounts, hooks=tuple(hooks))
 
 
 @dataclass
@@ -360,9 +170,12 @@ class MpsEnforcer:
             ref = plan.claim
             bound = log.bind(claim_uid=ref.uid, namespace=ref.namespace, name=ref.name)
             targets = plan_targets(plan, self.tiers, self.options.default_active_thread_percentage)
-            self._check_modes(ref.uid, targets)
+            check_mode_conflicts(
+                ref.uid, targets, ((uid, a.targets) for uid, a in self._claims.items())
+            )
             previous = self._claims.pop(ref.uid, None)
             applied = _Applied(plan, targets)
+            done: dict[tuple[str, str], str] = {}
             try:
                 for t in targets:
                     if not t.uses_mps:
@@ -372,33 +185,33 @@ class MpsEnforcer:
                             gpu_index=t.gpu.index,
                         )
                         continue
-                    applied.pipes[t.gpu.uuid] = self._ensure(t)
-                    applied.inodes[t.gpu.uuid] = _inode(applied.pipes[t.gpu.uuid])
+                    key = (t.server, t.namespace)
+                    if key not in done:
+                        done[key] = self._ensure(t)
+                    applied.pipes[t.gpu.uuid] = done[key]
+                    applied.inodes[t.gpu.uuid] = _inode(done[key])
             except _EFFECT_ERRORS as exc:
                 bound.error("MPS enforcement failed; claim rolled back", error=str(exc))
-                stale = targets + (previous.targets if previous else ())
-                self._teardown(stale)
+                self._teardown(targets + (previous.targets if previous else ()))
                 raise MpsError(f"claim {ref.namespace}/{ref.name}: {exc}") from exc
             self._claims[ref.uid] = applied
             self._pending.pop(ref.uid, None)
             if previous:
-                kept = {t.gpu.uuid for t in targets}
-                self._teardown(tuple(t for t in previous.targets if t.gpu.uuid not in kept))
+                kept = {(t.mode, t.server) for t in targets if t.uses_mps}
+                stale = tuple(t for t in previous.targets if (t.mode, t.server) not in kept)
+                self._teardown(stale, also_idle=previous.targets)
             for t in targets:
                 self._log_target(bound, t, applied.pipes.get(t.gpu.uuid))
-            return {
-                key: target_edits(t, applied.pipes.get(t.gpu.uuid), self.options)
-                for t in targets
-                for key in t.device_keys
-            }
+            return claim_edits(targets, self.options, applied.pipes)
 
     def release(self, claim_uid: str) -> None:
-        """Remove the claim's namespaces (clients terminated first), undo its soft-limit
-        reservations, and stop servers/daemons nobody needs any more (idempotent).
+        """Remove the claim's namespaces (clients terminated first) and its own server if it
+        has one, undo its soft-limit reservations, and stop servers/daemons nobody needs any
+        more (idempotent).
 
         Raises:
-            MpsError: when a namespace cannot be removed; the claim stays recorded so that a
-                retry repeats the release.
+            MpsError: when a namespace or the claim's own server cannot be removed; the claim
+                stays recorded so that a retry repeats the release.
         """
         with self._lock:
             ns = namespace_name(claim_uid)
@@ -409,12 +222,12 @@ class MpsEnforcer:
                 self._release_unknown(claim_uid)
                 return
             errors = []
-            for t in applied.targets:
-                if t.uses_mps:
-                    try:
-                        self._remove_namespace(t)
-                    except _EFFECT_ERRORS as exc:
-                        errors.append(f"GPU {t.gpu.index}: {exc}")
+            for t in _by_server(applied.targets):
+                try:
+                    self._remove_target(t)
+                except _EFFECT_ERRORS as exc:
+                    where = f"MPS server {t.server}" if t.dedicated else f"GPU {t.gpu.index}"
+                    errors.append(f"{where}: {exc}")
             if errors:
                 bound.error("MPS release failed", errors=errors)
                 raise MpsError(f"releasing claim {claim_uid}: " + "; ".join(errors))
@@ -429,9 +242,10 @@ class MpsEnforcer:
             bound.info("claim released", gpus=[t.gpu.uuid for t in applied.targets])
 
     def restore(self, plans: Sequence[ClaimPlan]) -> None:
-        """Re-apply every prepared claim after a plugin start: remove MPS namespaces of
-        claims not in ``plans``, re-create servers and namespaces, reset compute modes of
-        GPUs nobody needs. A claim that fails is logged and retried by :meth:`check_health`.
+        """Re-apply every prepared claim after a plugin start: remove MPS namespaces (and
+        claim servers) of claims not in ``plans``, re-create servers and namespaces, reset
+        compute modes of GPUs nobody needs. A claim that fails is logged and retried by
+        :meth:`check_health`.
         """
         with self._lock:
             wanted = {p.claim.uid for p in plans}
@@ -463,8 +277,8 @@ class MpsEnforcer:
         """Check every daemon, server and namespace that claims need; repair what is gone.
 
         A daemon that does not answer is restarted and every claim it served re-applied; a
-        missing or failed server is re-created with its namespaces; a missing namespace is
-        re-created. Returns the health of each GPU with claims.
+        missing or failed server (shared or a claim's own) is re-created with its namespaces;
+        a missing namespace re-created. Returns the health of each GPU with claims.
         """
         with self._lock:
             for uid, plan in list(self._pending.items()):
@@ -484,6 +298,7 @@ class MpsEnforcer:
                         mode=mode,
                         claims=sorted({t.claim.uid for t in targets}),
                     )
+                done: dict[tuple[str, str], str | Exception] = {}
                 for t in targets:
                     bound = log.bind(
                         claim_uid=t.claim.uid,
@@ -491,13 +306,20 @@ class MpsEnforcer:
                         name=t.claim.name,
                         gpu=t.gpu.uuid,
                     )
-                    try:
-                        pipe = self._ensure(t)
-                    except _EFFECT_ERRORS as exc:
-                        bound.error("MPS enforcement broken", error=str(exc))
-                        health[t.gpu.uuid] = GpuHealth(t.gpu.uuid, False, str(exc))
+                    key = (t.server, t.namespace)
+                    if key not in done:
+                        try:
+                            done[key] = self._ensure(t)
+                        except _EFFECT_ERRORS as exc:
+                            bound.error(
+                                "MPS enforcement broken", mps_server=t.server, error=str(exc)
+                            )
+                            done[key] = exc
+                    result = done[key]
+                    if isinstance(result, Exception):
+                        health[t.gpu.uuid] = GpuHealth(t.gpu.uuid, False, str(result))
                         continue
-                    self._note_pipe(t, pipe, bound)
+                    self._note_pipe(t, result, bound)
                     health.setdefault(t.gpu.uuid, GpuHealth(t.gpu.uuid, True))
             return health
 
@@ -517,6 +339,8 @@ class MpsEnforcer:
 
     def clients(self) -> dict[tuple[str, str], list[ClientRow]]:
         """MPS clients per (claim UID, GPU UUID), from ``client list`` of each used server.
+
+        A multi-GPU claim's clients are listed under each of its GPUs.
 
         Raises:
             MpsError: when a daemon cannot be asked.
@@ -540,64 +364,61 @@ class MpsEnforcer:
             t for a in self._claims.values() for t in a.targets if t.uses_mps and t.mode == mode
         ]
 
-    def _check_modes(self, uid: str, targets: Sequence[FractionTarget]) -> None:
-        for t in targets:
-            for other_uid, other in self._claims.items():
-                if other_uid == uid:
-                    continue
-                for o in other.targets:
-                    if o.gpu.uuid == t.gpu.uuid and o.mode != t.mode:
-                        raise MpsError(
-                            f"claim {t.claim.namespace}/{t.claim.name}: GPU {t.gpu.index} "
-                            f"({t.gpu.uuid}) serves {o.mode} claims (e.g. {other_uid}); this "
-                            f"claim asks for {t.mode}. One GPU never carries both modes; "
-                            "change a GPU's mode only while it has no claims"
-                        )
-
     def _ensure(self, t: FractionTarget) -> str:
         daemon = self.daemons[t.mode]
         daemon.ensure_running()
-        self._ensure_server(daemon, t.gpu)
+        self._ensure_server(daemon, t.server, t.server_gpus)
         return self._ensure_namespace(daemon, t)
 
-    def _server_ok(self, row: ServerRow, gpu: Gpu) -> bool:
+    def _server_ok(self, row: ServerRow, gpus: Sequence[Gpu]) -> bool:
         status = row.status.lower()
         if any(bad in status for bad in _BAD_STATUS):
             return False
         devices = row.allowed_devices
-        return not devices or gpu.uuid in devices or str(gpu.index) in devices
+        if not devices:
+            return True
+        if len(gpus) > 1 and len(devices) != len(gpus):
+            return False  # a claim's server made for another set of GPUs
+        return all(g.uuid in devices or str(g.index) in devices for g in gpus)
 
-    def _ensure_server(self, daemon: MpsDaemon, gpu: Gpu) -> None:
-        name = server_name(gpu.index)
+    def _ensure_server(self, daemon: MpsDaemon, name: str, gpus: Sequence[Gpu]) -> None:
         ctl = daemon.control
         row = next((r for r in ctl.server_list() if r.name == name), None)
-        if row is not None and self._server_ok(row, gpu):
+        if row is not None and self._server_ok(row, gpus):
             return
         if row is not None:
             log.warning(
-                "replacing failed MPS server", mps_server=name, status=row.status, gpu=gpu.uuid
+                "replacing failed MPS server",
+                mps_server=name,
+                status=row.status,
+                allowed_devices=list(row.allowed_devices),
+                gpus=[g.uuid for g in gpus],
             )
+            with contextlib.suppress(MpsCommandError):
+                self._terminate_clients(ctl, name)
             ctl.server_delete(name, force=True)
-        if not self.nvml.has_gpu(gpu.uuid):
-            raise MpsError(f"GPU {gpu.index} ({gpu.uuid}) is not present on this node (NVML)")
-        self._set_compute_mode(gpu, self.options.compute_mode_for(daemon.mode))
-        ctl.server_create(name, [gpu.uuid])
-        self._verify_server(daemon, name, gpu)
+        for gpu in gpus:
+            if not self.nvml.has_gpu(gpu.uuid):
+                raise MpsError(f"GPU {gpu.index} ({gpu.uuid}) is not present on this node (NVML)")
+        for gpu in gpus:
+            self._set_compute_mode(gpu, self.options.compute_mode_for(daemon.mode))
+        ctl.server_create(name, [g.uuid for g in gpus])
+        self._verify_server(daemon, name, gpus)
         log.info(
             "MPS server created",
             mps_server=name,
-            gpu=gpu.uuid,
-            gpu_index=gpu.index,
+            gpus=[g.uuid for g in gpus],
+            gpu_indexes=[g.index for g in gpus],
             mode=daemon.mode,
         )
 
-    def _verify_server(self, daemon: MpsDaemon, name: str, gpu: Gpu) -> None:
+    def _verify_server(self, daemon: MpsDaemon, name: str, gpus: Sequence[Gpu]) -> None:
         status = ""
         for attempt in range(max(1, self.options.server_checks)):
             if attempt:
                 self._sleep(self.options.server_check_interval)
             row = next((r for r in daemon.control.server_list() if r.name == name), None)
-            if row is None or not self._server_ok(row, gpu):
+            if row is None or not self._server_ok(row, gpus):
                 state = (
                     "vanished" if row is None else f"is {row.status!r} for {row.allowed_devices}"
                 )
@@ -606,7 +427,7 @@ class MpsEnforcer:
                         daemon.control.server_delete(name, force=True)
                 tail = daemon.server_log_tail(name)
                 raise MpsError(
-                    f"MPS server {name} for GPU {gpu.index} ({gpu.uuid}) {state} after create; "
+                    f"MPS server {name} for {gpus_text(gpus)} {state} after create; "
                     "clients would run without MPS limits"
                     + (f"; server.log: {tail}" if tail else "")
                 )
@@ -614,7 +435,10 @@ class MpsEnforcer:
             if status.lower() == _READY:
                 return
         log.warning(
-            "MPS server not Ready yet; accepting", mps_server=name, status=status, gpu=gpu.uuid
+            "MPS server not Ready yet; accepting",
+            mps_server=name,
+            status=status,
+            gpus=[g.uuid for g in gpus],
         )
 
     def _ensure_namespace(self, daemon: MpsDaemon, t: FractionTarget) -> str:
@@ -639,12 +463,38 @@ class MpsEnforcer:
                 f"MPS namespace {ns} on {srv} reports active thread percentage "
                 f"{row.active_thread_percentage!r}, expected {t.threads}"
             )
-        pipe = Path(row.pipe_directory) if row.pipe_directory else daemon.pipe_dir / srv / ns
+        pipe = Path(row.pipe_directory or namespace_pipe_dir(t, self.options))
         root = daemon.pipe_dir.resolve()
         if not pipe.resolve().is_relative_to(root):
             raise MpsError(f"MPS namespace {ns} pipe directory {pipe} is outside {root}")
         pipe.mkdir(parents=True, exist_ok=True)
         return str(pipe)
+
+    def _terminate_clients(
+        self, ctl: MpsControl, server: str, namespace: str | None = None
+    ) -> None:
+        """``client terminate`` every client of ``server`` (of ``namespace`` only, if given)
+        before removing it: a client killed with work in flight can wedge the GPU (notes 4.3)."""
+        for client in ctl.client_list(server):
+            if namespace is not None and client.namespace != namespace:
+                continue
+            try:
+                ctl.client_terminate(client.pid)
+                log.info(
+                    "MPS client terminated",
+                    pid=client.pid,
+                    mps_server=server,
+                    mps_namespace=client.namespace,
+                )
+            except MpsCommandError as exc:
+                log.warning("MPS client terminate failed", pid=client.pid, error=str(exc))
+
+    def _remove_target(self, t: FractionTarget) -> None:
+        """Remove what ``t`` set up: its namespace, or its claim's own server."""
+        if t.dedicated:
+            self._remove_claim_server(self.daemons[t.mode], t.server, t.claim.uid)
+        else:
+            self._remove_namespace(t)
 
     def _remove_namespace(self, t: FractionTarget) -> None:
         daemon = self.daemons[t.mode]
@@ -654,74 +504,79 @@ class MpsEnforcer:
         except MpsCommandError:
             servers = []  # daemon gone: its namespaces and clients are gone with it
         if any(r.name == t.server for r in servers):
-            for client in ctl.client_list(t.server):
-                if client.namespace != t.namespace:
-                    continue
-                try:
-                    ctl.client_terminate(client.pid)
-                    log.info(
-                        "MPS client terminated",
-                        claim_uid=t.claim.uid,
-                        pid=client.pid,
-                        mps_namespace=t.namespace,
-                    )
-                except MpsCommandError as exc:
-                    log.warning("MPS client terminate failed", pid=client.pid, error=str(exc))
+            self._terminate_clients(ctl, t.server, t.namespace)
             if any(r.name == t.namespace for r in ctl.namespace_list(t.server)):
                 ctl.namespace_delete(t.namespace, t.server, force=True)
         shutil.rmtree(daemon.pipe_dir / t.server / t.namespace, ignore_errors=True)
 
-    def _teardown(self, targets: Sequence[FractionTarget]) -> None:
-        """Best effort: remove namespaces of ``targets`` and idle what nobody needs."""
-        for t in targets:
-            if t.uses_mps:
-                try:
-                    self._remove_namespace(t)
-                except _EFFECT_ERRORS as exc:
-                    log.warning(
-                        "rollback: namespace removal failed", claim_uid=t.claim.uid, error=str(exc)
-                    )
-        self._idle(targets)
+    def _remove_claim_server(self, daemon: MpsDaemon, server: str, claim_uid: str) -> None:
+        """Delete a multi-GPU claim's own server: clients terminated first, then ``server
+        delete --force``; its pipe directory removed."""
+        ctl = daemon.control
+        try:
+            present = any(r.name == server for r in ctl.server_list())
+        except MpsCommandError:
+            present = False  # daemon gone: the server and its clients are gone with it
+        if present:
+            self._terminate_clients(ctl, server)
+            ctl.server_delete(server, force=True)
+            log.info("claim's MPS server deleted", claim_uid=claim_uid, mps_server=server)
+        shutil.rmtree(daemon.pipe_dir / server, ignore_errors=True)
+
+    def _teardown(
+        self, targets: Sequence[FractionTarget], also_idle: Sequence[FractionTarget] = ()
+    ) -> None:
+        """Best effort: remove what ``targets`` set up and idle what nobody needs (GPUs of
+        ``targets`` and ``also_idle``)."""
+        for t in _by_server(targets):
+            try:
+                self._remove_target(t)
+            except _EFFECT_ERRORS as exc:
+                log.warning(
+                    "rollback: MPS removal failed",
+                    claim_uid=t.claim.uid,
+                    mps_server=t.server,
+                    error=str(exc),
+                )
+        self._idle(tuple(targets) + tuple(also_idle))
 
     def _idle(self, targets: Sequence[FractionTarget]) -> None:
-        """Delete servers, reset compute modes and stop daemons no claim needs any more."""
+        """Delete shared servers, reset compute modes and stop daemons no claim needs any more."""
+        users = [o for a in self._claims.values() for o in a.targets if o.uses_mps]
+        seen: dict[tuple[str, str], Gpu] = {}
         for t in targets:
-            if not t.uses_mps:
-                continue
-            in_use = any(
-                o.uses_mps and o.gpu.uuid == t.gpu.uuid
-                for a in self._claims.values()
-                for o in a.targets
-            )
-            if not in_use:
-                try:
-                    self._retire_gpu(t.gpu, t.mode)
-                except _EFFECT_ERRORS as exc:
-                    log.error("retiring MPS server failed", gpu=t.gpu.uuid, error=str(exc))
+            if t.uses_mps:
+                seen.setdefault((t.mode, t.gpu.uuid), t.gpu)
+        for (mode, uuid), gpu in seen.items():
+            on_gpu = [o for o in users if o.gpu.uuid == uuid]
+            try:
+                if not any(o.mode == mode and not o.dedicated for o in on_gpu):
+                    self._delete_shared_server(gpu, mode)
+                if not on_gpu:
+                    self._restore_compute_mode(uuid)
+            except _EFFECT_ERRORS as exc:
+                log.error("retiring MPS server failed", gpu=uuid, error=str(exc))
         for mode, daemon in self.daemons.items():
             if any(t.mode == mode for t in targets) and not self._mode_targets(mode):
                 daemon.stop()
 
-    def _retire_gpu(self, gpu: Gpu, mode: str) -> None:
-        daemon = self.daemons[mode]
-        ctl = daemon.control
+    def _delete_shared_server(self, gpu: Gpu, mode: str) -> None:
+        ctl = self.daemons[mode].control
         name = server_name(gpu.index)
         try:
             present = any(r.name == name for r in ctl.server_list())
         except MpsCommandError:
             present = False
-        if present:
+        if not present:
+            return
+        try:
+            ctl.server_delete(name)
+        except MpsCommandError:
+            self._terminate_clients(ctl, name)
             try:
-                ctl.server_delete(name)
-            except MpsCommandError:
-                for client in ctl.client_list(name):
-                    with contextlib.suppress(MpsCommandError):
-                        ctl.client_terminate(client.pid)
-                try:
-                    ctl.server_delete(name, force=True)
-                except MpsCommandError as exc:
-                    log.error("MPS server delete failed", mps_server=name, error=str(exc))
-        self._restore_compute_mode(gpu.uuid)
+                ctl.server_delete(name, force=True)
+            except MpsCommandError as exc:
+                log.error("MPS server delete failed", mps_server=name, error=str(exc))
 
     def _marker(self, uuid: str) -> Path:
         return self.options.mps_root / "compute-mode" / uuid
@@ -759,6 +614,16 @@ class MpsEnforcer:
             except MpsCommandError:
                 continue
             for server in servers:
+                owner = claim_uid_of_server(server.name)
+                if owner is not None:
+                    if owner not in wanted:
+                        try:
+                            self._remove_claim_server(daemon, server.name, owner)
+                        except MpsError as exc:
+                            log.error(
+                                "orphaned MPS server not removed", claim_uid=owner, error=str(exc)
+                            )
+                    continue
                 try:
                     rows = daemon.control.namespace_list(server.name)
                 except MpsCommandError:
@@ -776,13 +641,14 @@ class MpsEnforcer:
 
     def _remove_idle_servers(self) -> None:
         used = {(t.mode, t.server) for t in self.targets() if t.uses_mps}
+        ours = (SERVER_PREFIX, DEDICATED_PREFIX)
         for mode, daemon in self.daemons.items():
             try:
                 servers = daemon.control.server_list()
             except MpsCommandError:
                 continue
             for server in servers:
-                if not server.name.startswith("gpu_") or (mode, server.name) in used:
+                if not server.name.startswith(ours) or (mode, server.name) in used:
                     continue
                 log.info("removing MPS server without claims", mps_server=server.name, mode=mode)
                 try:
@@ -792,12 +658,7 @@ class MpsEnforcer:
 
     def _delete_orphan(self, daemon: MpsDaemon, server: str, ns: str, uid: str) -> None:
         ctl = daemon.control
-        for client in ctl.client_list(server):
-            if client.namespace == ns:
-                try:
-                    ctl.client_terminate(client.pid)
-                except MpsCommandError as exc:
-                    log.warning("MPS client terminate failed", pid=client.pid, error=str(exc))
+        self._terminate_clients(ctl, server, ns)
         ctl.namespace_delete(ns, server, force=True)
         shutil.rmtree(daemon.pipe_dir / server / ns, ignore_errors=True)
         log.info(
@@ -806,13 +667,16 @@ class MpsEnforcer:
 
     def _release_unknown(self, claim_uid: str) -> None:
         ns = namespace_name(claim_uid)
+        own = dedicated_server_name(claim_uid)
         for daemon in self.daemons.values():
             try:
                 servers = daemon.control.server_list()
             except MpsCommandError:
                 continue
             for server in servers:
-                if any(r.name == ns for r in daemon.control.namespace_list(server.name)):
+                if server.name == own:
+                    self._remove_claim_server(daemon, own, claim_uid)
+                elif any(r.name == ns for r in daemon.control.namespace_list(server.name)):
                     self._delete_orphan(daemon, server.name, ns, claim_uid)
         self.janitor.release(claim_uid, [], 0)
 
@@ -862,6 +726,18 @@ class MpsEnforcer:
                 pipe_dir=pipe,
                 **fields,
             )
+
+
+def _by_server(targets: Sequence[FractionTarget]) -> list[FractionTarget]:
+    """MPS targets, one per (mode, server, namespace): a multi-GPU claim's GPUs share one."""
+    seen: set[tuple[str, str, str]] = set()
+    out = []
+    for t in targets:
+        key = (t.mode, t.server, t.namespace)
+        if t.uses_mps and key not in seen:
+            seen.add(key)
+            out.append(t)
+    return out
 
 
 def _inode(path: str) -> tuple[int, int]:

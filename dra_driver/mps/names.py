@@ -17,11 +17,13 @@ SERVER_PREFIX = "gpu_"
 """Prefix of the per-GPU MPS server name: ``gpu_<NVML index>``."""
 NAMESPACE_PREFIX = "c_"
 """Prefix of a claim's namespace name: ``c_`` + the claim UID with ``-`` as ``_`` (38 chars)."""
+DEDICATED_PREFIX = "m_"
+"""Prefix of a multi-GPU claim's own MPS server: ``m_`` + the claim UID with ``-`` as ``_``."""
 
 _NAME = re.compile(r"^[a-z0-9_]{1,64}$")
-_NAMESPACE = re.compile(
-    r"^c_([0-9a-f]{8})_([0-9a-f]{4})_([0-9a-f]{4})_([0-9a-f]{4})_([0-9a-f]{12})$"
-)
+_UID_PART = r"([0-9a-f]{8})_([0-9a-f]{4})_([0-9a-f]{4})_([0-9a-f]{4})_([0-9a-f]{12})$"
+_NAMESPACE = re.compile(r"^" + NAMESPACE_PREFIX + _UID_PART)
+_DEDICATED = re.compile(r"^" + DEDICATED_PREFIX + _UID_PART)
 _MEMORY = re.compile(r"^([0-9]+)\s*([KMGT]?)(i?B)?$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 _UNLIMITED = {"", "-", "unlimited", "none", "max", "n/a"}
@@ -45,22 +47,41 @@ def server_name(gpu_index: int) -> str:
     return check_name(f"{SERVER_PREFIX}{gpu_index}")
 
 
+def _claim_name(prefix: str, claim_uid: str) -> str:
+    try:
+        validate_uid(claim_uid)
+    except PrepareError as exc:
+        raise MpsError(str(exc)) from exc
+    return check_name(prefix + claim_uid.replace("-", "_"))
+
+
 def namespace_name(claim_uid: str) -> str:
     """Namespace name of a claim: ``c_<uid with '-' replaced by '_'>``.
 
     Raises:
         MpsError: when ``claim_uid`` is not a Kubernetes UID.
     """
-    try:
-        validate_uid(claim_uid)
-    except PrepareError as exc:
-        raise MpsError(str(exc)) from exc
-    return check_name(NAMESPACE_PREFIX + claim_uid.replace("-", "_"))
+    return _claim_name(NAMESPACE_PREFIX, claim_uid)
+
+
+def dedicated_server_name(claim_uid: str) -> str:
+    """Name of the MPS server a multi-GPU claim gets for itself: ``m_<uid, '-' as '_'>``.
+
+    Raises:
+        MpsError: when ``claim_uid`` is not a Kubernetes UID.
+    """
+    return _claim_name(DEDICATED_PREFIX, claim_uid)
 
 
 def claim_uid_of(namespace: str) -> str | None:
     """Inverse of :func:`namespace_name`; None for a namespace that is not a claim's."""
     m = _NAMESPACE.match(namespace)
+    return "-".join(m.groups()) if m else None
+
+
+def claim_uid_of_server(server: str) -> str | None:
+    """Inverse of :func:`dedicated_server_name`; None for any other server (e.g. ``gpu_0``)."""
+    m = _DEDICATED.match(server)
     return "-".join(m.groups()) if m else None
 
 

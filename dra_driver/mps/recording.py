@@ -1,60 +1,97 @@
-"""A simulated enforcer for GPU-free nodes: records calls, returns realistic CDI edits."""
+"""A simulated enforcer for GPU-free nodes: records calls, returns the real CDI edits.
+
+It runs no command. Its edits come from the same pure functions the real
+:class:`~dra_driver.mps.MpsEnforcer` uses (:func:`~dra_driver.mps.targets.plan_targets`,
+:func:`~dra_driver.mps.targets.claim_edits`), with each namespace's pipe directory at the path
+MPS v3 lays it out (:func:`~dra_driver.mps.targets.namespace_pipe_dir`). So a simulated node
+refuses what a real one refuses (e.g. a multi-GPU claim with mixed limits) and hands out the
+real shape: the pipe mount, the memory env and, on ``hard`` GPUs, the memory-limit and record
+hooks.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from dra_driver.cdi import ContainerEdits, Mount
-from dra_driver.gpus import MIB
+from dra_driver.cdi import ContainerEdits
 from dra_driver.mps.base import MpsError
-from dra_driver.prepare import ClaimPlan, DevicePlan
+from dra_driver.mps.targets import (
+    CONTAINER_PIPE_DIR,
+    FractionTarget,
+    MpsOptions,
+    check_mode_conflicts,
+    claim_edits,
+    plan_targets,
+)
+from dra_driver.prepare import ClaimPlan
 
-PIPE_ROOT = "/run/gpu-fraction/mps"
-"""Host directory under which each claim gets its MPS pipe directory."""
-CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"
-"""Where the claim's pipe directory appears inside the container."""
-
-
-def claim_edits(plan: ClaimPlan, device: DevicePlan, pipe_root: str = PIPE_ROOT) -> ContainerEdits:
-    """Env and mounts that bind a container to its claim's MPS namespace and limits.
-
-    Memory values are whole MiB (``NVIDIA_GPU_MEMORY_REQUEST``/``_LIMIT`` are read by the
-    NVIDIA container toolkit's apply-cuda-memory-limits hook; see mps-notes 6.1).
-    """
-    env = [
-        f"CUDA_MPS_PIPE_DIRECTORY={CONTAINER_PIPE_DIR}",
-        f"NVIDIA_GPU_MEMORY_REQUEST={device.memory_request_bytes // MIB}",
-        f"NVIDIA_GPU_MEMORY_LIMIT={device.memory_limit_bytes // MIB}",
-        f"GPU_FRACTION_COMPUTE_MODE={device.compute_mode}",
-    ]
-    if device.active_thread_percentage is not None:
-        env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={device.active_thread_percentage}")
-    host_dir = f"{pipe_root}/{plan.claim.uid}"
-    return ContainerEdits(env=tuple(env), mounts=(Mount(host_dir, CONTAINER_PIPE_DIR),))
+__all__ = ["CONTAINER_PIPE_DIR", "RecordingEnforcer"]
 
 
 @dataclass
 class RecordingEnforcer:
-    """Records ``apply``/``release``/``restore`` calls; ``applied`` maps claim UID -> plan."""
+    """Records ``apply``/``release``/``restore`` calls; ``applied`` maps claim UID -> plan.
+
+    Attributes:
+        applied: plans of the applied claims.
+        calls: ``(verb, claim UID or plan count)`` in call order.
+        fail_for: claim UIDs whose ``apply`` raises (to test failure isolation).
+        tiers: GPU UUID -> tier as on a real node; None (default) = every GPU ``hard``.
+        options: the paths and defaults a real enforcer would use.
+    """
 
     applied: dict[str, ClaimPlan] = field(default_factory=dict)
     calls: list[tuple[str, str]] = field(default_factory=list)
     fail_for: set[str] = field(default_factory=set)
-    """Claim UIDs whose ``apply`` raises (to test failure isolation)."""
+    tiers: Mapping[str, str] | None = None
+    options: MpsOptions = field(default_factory=MpsOptions)
+    _memo: dict[str, tuple[ClaimPlan, tuple[FractionTarget, ...]]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+
+    def targets(self, plan: ClaimPlan) -> tuple[FractionTarget, ...]:
+        """The plan's per-GPU targets, validated as the real enforcer validates them.
+
+        Raises:
+            MpsError: for a plan the real enforcer would refuse.
+        """
+        tiers = self.tiers
+        if tiers is None:
+            tiers = {d.gpu.uuid: "hard" for d in plan.devices}
+        return plan_targets(plan, tiers, self.options.default_active_thread_percentage)
 
     def apply(self, plan: ClaimPlan) -> Mapping[str, ContainerEdits]:
-        """Record the plan and return per-device edits; raise MpsError for ``fail_for``."""
-        self.calls.append(("apply", plan.claim.uid))
-        if plan.claim.uid in self.fail_for:
-            raise MpsError(f"simulated MPS failure for claim {plan.claim.uid}")
-        self.applied[plan.claim.uid] = plan
-        return {d.key: claim_edits(plan, d) for d in plan.devices}
+        """Record the plan and return per-device edits; raise MpsError for ``fail_for`` and
+        for plans the real enforcer refuses (nothing is recorded then)."""
+        uid = plan.claim.uid
+        self.calls.append(("apply", uid))
+        if uid in self.fail_for:
+            raise MpsError(f"simulated MPS failure for claim {uid}")
+        targets = self.targets(plan)
+        check_mode_conflicts(
+            uid, targets, ((u, self._applied_targets(u, p)) for u, p in self.applied.items())
+        )
+        self.applied[uid] = plan
+        self._memo[uid] = (plan, targets)
+        return claim_edits(targets, self.options)
+
+    def _applied_targets(self, uid: str, plan: ClaimPlan) -> tuple[FractionTarget, ...]:
+        memo = self._memo.get(uid)
+        if memo is not None and memo[0] is plan:
+            return memo[1]
+        try:
+            targets = self.targets(plan)
+        except MpsError:
+            targets = ()  # recorded by restore() without validation: holds no GPU mode
+        self._memo[uid] = (plan, targets)
+        return targets
 
     def release(self, claim_uid: str) -> None:
         """Forget the claim (idempotent)."""
         self.calls.append(("release", claim_uid))
         self.applied.pop(claim_uid, None)
+        self._memo.pop(claim_uid, None)
 
     def restore(self, plans: Sequence[ClaimPlan]) -> None:
         """Re-record every plan."""

@@ -1,11 +1,13 @@
 """The usage source for :mod:`dra_driver.accounting` on real nodes (MPS + NVML).
 
-- clients: ``client list --server=gpu_<i>`` rows whose namespace is the claim's (mps-notes 2.6);
+- clients: ``client list --server=<s>`` rows whose namespace is the claim's (mps-notes 2.6), by
+  PID; a multi-GPU claim's clients (on its own server ``m_<uid>``) count under each of its GPUs;
 - used memory, ``hard`` tier: the sum of ``currentUsed`` from ``nvmlDeviceGetMemoryLimits_v1``
   over the claim's recorded container cgroups that still exist (notes 3.5, 5);
 - used memory otherwise (or when no cgroup is recorded): the sum of ``usedGpuMemory`` of the
   claim's client PIDs in ``nvmlDeviceGetMPSComputeRunningProcesses_v3`` ([INFERRED] that it
-  reports per-client memory under MPS; verify on hardware). No clients -> 0 bytes.
+  reports per-client memory under MPS; verify on hardware). No clients -> 0 bytes. For a
+  multi-GPU claim a client missing from one GPU's list uses none of that GPU.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class MpsUsageSource:
             key = (t.claim.uid, t.gpu.uuid)
             if t.claim.uid not in uids or not t.uses_mps:
                 continue
-            rows = clients.get(key, [])
+            pids = sorted({c.pid for c in clients.get(key, [])})
             used: int | None = None
             if t.tier == "hard":
                 used = self._cgroup_used(t.claim.uid, t.gpu.uuid)
@@ -52,10 +54,13 @@ class MpsUsageSource:
                         }
                     except NvmlError:
                         procs[t.gpu.uuid] = {}
-                known = [procs[t.gpu.uuid].get(c.pid) for c in rows]
+                # A multi-GPU claim's client need not use every GPU of its server: absent
+                # from this GPU's list means none here; on one GPU it means "unknown".
+                absent = 0 if t.dedicated else None
+                known = [procs[t.gpu.uuid].get(pid, absent) for pid in pids]
                 if all(v is not None for v in known):
                     used = sum(v for v in known if v is not None)
-            out[key] = FractionUsage(used_bytes=used, clients=len(rows))
+            out[key] = FractionUsage(used_bytes=used, clients=len(pids))
         return out
 
     def _cgroup_used(self, claim_uid: str, gpu_uuid: str) -> int | None:
