@@ -114,7 +114,7 @@ def make_enforcer(
     enforcer with NVML.
     """
     if opts.simulated:
-        return RecordingEnforcer(), None
+        return RecordingEnforcer(tiers=report.tiers, options=opts.mps), None
     nvml = PynvmlFacade()
     options = replace(opts.mps, dmem_backend=report.node.dmem_backend)
     enforcer = MpsEnforcer(report.tiers, nvml, SubprocessRunner(), options)

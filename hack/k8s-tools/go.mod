@@ -4,6 +4,7 @@
 // k8s.io/kubernetes lists its staging modules as v0.0.0 and points them at
 // ./staging via replace directives, which do not apply to a dependency; the
 // replace block below pins each one to the tag that matches v1.37.2.
+// etcd (cmd/etcd) stays at v3.7.0, the etcd version k8s.io/kubernetes v1.37.2 requires.
 module dra-driver/hack/k8s-tools
 
 go 1.26.0
