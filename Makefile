@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+PY_SOURCES := dra_driver tests benchmarks hack/demo hack/gpu-check hack/local-cluster hack/kubelet_standin.py
 
 .PHONY: demo test unit lint e2e bench proto clean
 
@@ -18,9 +19,11 @@ demo: $(STAMP)
 test: lint unit e2e
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check dra_driver tests benchmarks hack/*.py
-	$(VENV)/bin/ruff format --check dra_driver tests benchmarks hack/*.py
+	$(VENV)/bin/ruff check $(PY_SOURCES)
+	$(VENV)/bin/ruff format --check $(PY_SOURCES)
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy --strict --scripts-are-modules hack/gpu-check
+	$(VENV)/bin/mypy --strict --scripts-are-modules hack/local-cluster
 
 unit: $(STAMP)
 	$(PY) -m pytest -m 'not e2e and not gpu' -q
