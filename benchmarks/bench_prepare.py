@@ -70,7 +70,7 @@ def main() -> int:
             DEFAULT_DRIVER_NAME, str(node.plugin_dir), str(node.registry_dir)
         )
         driver = node.driver()
-        server = PluginServer(driver, paths, lambda: devices)
+        server = PluginServer(driver, paths, node.health)
         server.start()
         kubelet = kubelet_connect(paths)
 

@@ -20,9 +20,11 @@ from dra_driver.accounting import UsageSource, register_accounting
 from dra_driver.checkpoint import read_boot_id
 from dra_driver.claims import ApiClaimReader
 from dra_driver.config import NodeConfig, load_node_config
+from dra_driver.devicehealth import device_health
 from dra_driver.driver import Driver
 from dra_driver.enforcement import EnforcementReport, detect_enforcement
 from dra_driver.gpus import GpuSource, Inventory, open_source
+from dra_driver.kubelet.health import DeviceStatus
 from dra_driver.kubelet.server import PluginServer, SocketPaths
 from dra_driver.locking import PrepareLock
 from dra_driver.metrics import Metrics
@@ -72,6 +74,9 @@ class NodeState:
         self._lock = threading.Lock()
         self.inventory = Inventory(gpus=())
         self._devices: dict[str, FractionDevice] = {}
+        self._seen: dict[str, FractionDevice] = {}
+        self.unhealthy_gpus: dict[str, str] = {}
+        """GPU UUID -> reason, from the enforcer's last health check."""
 
     def refresh(self) -> None:
         """Re-discover GPUs and recompute the fraction devices."""
@@ -79,11 +84,30 @@ class NodeState:
         devices = {d.name: d for d in plan_devices(inventory, self.config)}
         with self._lock:
             self.inventory, self._devices = inventory, devices
+            self._seen.update(devices)
 
     def devices(self) -> Mapping[str, FractionDevice]:
         """The current fraction devices by name."""
         with self._lock:
             return self._devices
+
+    def health(self) -> Mapping[str, DeviceStatus]:
+        """Health of every device published since start (see :mod:`dra_driver.devicehealth`)."""
+        with self._lock:
+            return device_health(self._devices, self._seen, self.unhealthy_gpus)
+
+
+def supervise(enforcer: MpsEnforcer, state: NodeState, stop: threading.Event) -> None:
+    """Check (and repair) MPS every 10 s; GPUs failing the check are reported unhealthy."""
+    while not stop.wait(10.0):
+        try:
+            results = enforcer.check_health()
+        except Exception as exc:  # keep supervising whatever happens
+            log.error("MPS health check failed", error=str(exc))
+            continue
+        state.unhealthy_gpus = {
+            uuid: r.detail or "MPS unhealthy" for uuid, r in results.items() if not r.healthy
+        }
 
 
 def api_client(kubeconfig: str | None) -> k8s.ApiClient:
@@ -169,12 +193,12 @@ def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
             node_uid=node_uid,
         )
 
-    server = PluginServer(driver, paths, state.devices, opts.health_interval)
+    server = PluginServer(driver, paths, state.health, opts.health_interval)
     server.start()
     register_accounting(metrics.registry, driver.prepared_plans, usage)
     if isinstance(enforcer, MpsEnforcer):
         threading.Thread(
-            target=enforcer.supervise, args=(stop, 10.0), name="mps-supervisor", daemon=True
+            target=supervise, args=(enforcer, state, stop), name="mps-supervisor", daemon=True
         ).start()
     if opts.metrics_port:
         start_http_server(opts.metrics_port, registry=metrics.registry)

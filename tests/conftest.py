@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -19,8 +19,10 @@ from dra_driver._proto import (
 )
 from dra_driver.claims import ApiClaimReader
 from dra_driver.config import NodeConfig, load_node_config, parse_node_config
+from dra_driver.devicehealth import device_health
 from dra_driver.driver import Driver
 from dra_driver.gpus import SimulatedGpuSource
+from dra_driver.kubelet.health import DeviceStatus
 from dra_driver.kubelet.server import PluginServer, SocketPaths
 from dra_driver.locking import PrepareLock
 from dra_driver.mps import RecordingEnforcer
@@ -38,6 +40,14 @@ class Node:
     devices: dict[str, FractionDevice]
     claims: ClaimServer
     enforcer: RecordingEnforcer
+    unhealthy_gpus: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.seen = dict(self.devices)
+
+    def health(self) -> dict[str, DeviceStatus]:
+        """What the plugin reports: devices that vanished from ``devices`` are unhealthy."""
+        return device_health(self.devices, self.seen, self.unhealthy_gpus)
 
     @property
     def cdi_root(self) -> Path:
@@ -137,7 +147,7 @@ def served(node: Node) -> Iterator[tuple[Node, PluginServer, Kubelet]]:
         DEFAULT_DRIVER_NAME, str(node.plugin_dir), str(node.registry_dir)
     )
     driver = node.driver()
-    server = PluginServer(driver, paths, lambda: node.devices, health_interval=0.2)
+    server = PluginServer(driver, paths, node.health, health_interval=0.2)
     server.start()
     kubelet = kubelet_connect(paths)
     yield node, server, kubelet

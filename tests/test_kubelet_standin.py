@@ -107,7 +107,7 @@ def plugin(node: Node) -> Iterator[tuple[Node, PluginServer]]:
         DEFAULT_DRIVER_NAME, str(node.plugin_dir), str(node.registry_dir)
     )
     driver = node.driver()
-    server = PluginServer(driver, paths, lambda: node.devices, health_interval=0.2)
+    server = PluginServer(driver, paths, node.health, health_interval=0.2)
     server.start()
     yield node, server
     server.stop(grace=0.5)

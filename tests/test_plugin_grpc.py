@@ -268,6 +268,26 @@ def test_health_stream_lists_every_device(served: Served, pb: object, grpc_mod: 
     stream.cancel()
 
 
+def test_lost_gpu_and_failed_enforcement_are_reported_unhealthy(served: Served) -> None:
+    node, _, kubelet = served
+    stub = health_v1_pb2_grpc.DRAResourceHealthStub(kubelet.channel)
+    lost = {n for n, d in node.devices.items() if d.gpu.index == 1}
+    gpu0 = next(d.gpu for d in node.devices.values() if d.gpu.index == 0)
+    node.devices = {n: d for n, d in node.devices.items() if n not in lost}
+    node.unhealthy_gpus[gpu0.uuid] = "MPS server gpu_0 vanished"
+    stream = stub.NodeWatchResources(health_v1_pb2.NodeWatchResourcesRequest(), timeout=5)
+    reply = next(stream)
+    stream.cancel()
+    by_name = {d.device.device_name: d for d in reply.devices}
+    assert set(by_name) == set(node.seen)
+    for name in lost:
+        assert by_name[name].health == health_v1_pb2.UNHEALTHY
+        assert "no longer in the node's GPU inventory" in by_name[name].message
+    for name in node.devices:
+        assert by_name[name].health == health_v1_pb2.UNHEALTHY
+        assert "MPS server gpu_0 vanished" in by_name[name].message
+
+
 def test_rejected_registration_is_retried(served: Served) -> None:
     node, server, kubelet = served
     kubelet.registration.NotifyRegistrationStatus(
@@ -300,7 +320,7 @@ def test_capacity_shares_with_share_ids_and_sm_sharing(mixed_node: Node) -> None
         DEFAULT_DRIVER_NAME, str(node.plugin_dir), str(node.registry_dir)
     )
     driver = node.driver()
-    server = PluginServer(driver, paths, lambda: node.devices)
+    server = PluginServer(driver, paths, node.health)
     server.start()
     kubelet = kubelet_connect(paths)
     try:

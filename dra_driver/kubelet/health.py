@@ -1,7 +1,9 @@
 """``DRAResourceHealth`` (v1alpha1 and v1): a stream of every device's health.
 
 Each message carries the complete device list (dra-notes: devices not reported turn
-Unknown after their timeout). A device is HEALTHY while its GPU is in the inventory.
+Unknown after their timeout, and the kubelet shows the status in the pod's
+``status.containerStatuses[].allocatedResourcesStatus``). What is healthy is decided by the
+plugin (see :class:`DeviceStatus`).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -17,16 +20,25 @@ from dra_driver._proto import health_v1_pb2 as h1
 from dra_driver._proto import health_v1_pb2_grpc as h1_grpc
 from dra_driver._proto import health_v1alpha1_pb2 as h1a1
 from dra_driver._proto import health_v1alpha1_pb2_grpc as h1a1_grpc
-from dra_driver.slices import FractionDevice
 
 HEALTH_TIMEOUT_SECONDS = 60
 """How long the kubelet trusts one report; we resend well within it."""
+MESSAGE_LIMIT = 1024
+"""The kubelet keeps at most 1024 characters of a health message (dra-notes)."""
+
+
+@dataclass(frozen=True)
+class DeviceStatus:
+    """Health of one device: healthy or not, and why (<= 1024 characters are sent)."""
+
+    healthy: bool
+    message: str
 
 
 def _stream(
     pb: Any,
     pool: str,
-    devices: Callable[[], Mapping[str, FractionDevice]],
+    health: Callable[[], Mapping[str, DeviceStatus]],
     stop: threading.Event,
     interval: float,
     context: grpc.ServicerContext,
@@ -34,13 +46,13 @@ def _stream(
     while context.is_active() and not stop.is_set():
         now = int(time.time())
         reply = pb.NodeWatchResourcesResponse()
-        for name in sorted(devices()):
+        for name, status in sorted(health().items()):
             reply.devices.add(
                 device=pb.DeviceIdentifier(pool_name=pool, device_name=name),
-                health=pb.HEALTHY,
+                health=pb.HEALTHY if status.healthy else pb.UNHEALTHY,
                 last_updated_time=now,
                 health_check_timeout_seconds=HEALTH_TIMEOUT_SECONDS,
-                message="GPU present",
+                message=status.message[:MESSAGE_LIMIT],
             )
         yield reply
         stop.wait(interval)
@@ -52,11 +64,11 @@ class HealthV1Servicer(h1_grpc.DRAResourceHealthServicer):
     def __init__(
         self,
         pool: str,
-        devices: Callable[[], Mapping[str, FractionDevice]],
+        health: Callable[[], Mapping[str, DeviceStatus]],
         stop: threading.Event,
         interval: float = 20.0,
     ) -> None:
-        self._args = (pool, devices, stop, interval)
+        self._args = (pool, health, stop, interval)
 
     def NodeWatchResources(  # noqa: N802
         self, request: h1.NodeWatchResourcesRequest, context: grpc.ServicerContext
@@ -71,11 +83,11 @@ class HealthV1alpha1Servicer(h1a1_grpc.DRAResourceHealthServicer):
     def __init__(
         self,
         pool: str,
-        devices: Callable[[], Mapping[str, FractionDevice]],
+        health: Callable[[], Mapping[str, DeviceStatus]],
         stop: threading.Event,
         interval: float = 20.0,
     ) -> None:
-        self._args = (pool, devices, stop, interval)
+        self._args = (pool, health, stop, interval)
 
     def NodeWatchResources(  # noqa: N802
         self, request: h1a1.NodeWatchResourcesRequest, context: grpc.ServicerContext

@@ -25,9 +25,8 @@ from dra_driver._proto import (
 )
 from dra_driver.driver import Driver
 from dra_driver.kubelet.dra import DraV1beta1Servicer, DraV1Servicer
-from dra_driver.kubelet.health import HealthV1alpha1Servicer, HealthV1Servicer
+from dra_driver.kubelet.health import DeviceStatus, HealthV1alpha1Servicer, HealthV1Servicer
 from dra_driver.kubelet.registration import RegistrationServicer
-from dra_driver.slices import FractionDevice
 
 log = structlog.get_logger(__name__)
 
@@ -68,7 +67,7 @@ class PluginServer:
         self,
         driver: Driver,
         paths: SocketPaths,
-        devices: Callable[[], Mapping[str, FractionDevice]],
+        health: Callable[[], Mapping[str, DeviceStatus]],
         health_interval: float = 20.0,
     ) -> None:
         self.driver = driver
@@ -78,10 +77,10 @@ class PluginServer:
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraV1Servicer(driver), self._dra)
         dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DraV1beta1Servicer(driver), self._dra)
         health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-            HealthV1Servicer(driver.pool, devices, self._stop, health_interval), self._dra
+            HealthV1Servicer(driver.pool, health, self._stop, health_interval), self._dra
         )
         health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-            HealthV1alpha1Servicer(driver.pool, devices, self._stop, health_interval), self._dra
+            HealthV1alpha1Servicer(driver.pool, health, self._stop, health_interval), self._dra
         )
         self.registration = RegistrationServicer(
             driver.driver_name, str(paths.dra), on_rejected=self._schedule_reregister
