@@ -18,9 +18,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver._proto import dra_v1_pb2
 from dra_driver.kubelet.server import SocketPaths
+from dra_driver.prepare import ClaimRef
 from tests import claimfactory as cf
 from tests.apiserver_stub import ClaimServer
-from tests.conftest import kubelet_connect
+from tests.conftest import Node, kubelet_connect
 
 CLI = [sys.executable, "-m", "dra_driver"]
 
@@ -170,3 +171,29 @@ def test_render_slices_bad_node_name_is_a_clear_error() -> None:
     )
     assert out.returncode == 2
     assert "node name 'Bad_Node' is not a DNS subdomain" in out.stderr
+
+
+def test_status_lists_prepared_claims(node: Node) -> None:
+    claim = cf.claim([cf.result(node.device(0, "quarter"), "node-a")])
+    node.claims.add(claim)
+    m = claim["metadata"]
+    driver = node.driver()
+    driver.prepare([ClaimRef(m["namespace"], m["name"], m["uid"])])
+    driver.close()
+    out = subprocess.run(
+        [*CLI, "status", f"--state-dir={node.state_dir}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    doc = json.loads(out.stdout)
+    assert doc["bootId"] == "boot-1"
+    assert doc["claims"][m["uid"]]["name"] == m["name"]
+    assert doc["claims"][m["uid"]]["devices"][0]["device"] == node.device(0, "quarter")
+    empty = subprocess.run(
+        [*CLI, "status", f"--state-dir={node.root}/none"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(empty.stdout) == {"claims": {}}
