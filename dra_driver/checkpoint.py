@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,31 @@ def read_boot_id(path: str = BOOT_ID_PATH) -> str:
         return "unknown"
 
 
+def parse(raw: bytes) -> dict[str, Any]:
+    """Parse and verify checkpoint bytes (read-only; used by ``load`` and ``dra-driver status``).
+
+    Returns the document (``version``, ``bootId``, ``checksum``, ``claims``).
+
+    Raises:
+        ValueError: bad JSON, not an object, unsupported version, claims not an object of
+            objects, or checksum mismatch.
+    """
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise ValueError(f"not a JSON object but {type(doc).__name__}")
+    if doc.get("version") != VERSION:
+        raise ValueError(f"unsupported version {doc.get('version')!r}")
+    claims = doc.get("claims")
+    if not isinstance(claims, dict) or not all(isinstance(r, dict) for r in claims.values()):
+        raise ValueError("claims is not an object of records")
+    if _checksum(claims) != doc.get("checksum"):
+        raise ValueError("checksum mismatch")
+    return doc
+
+
 def _checksum(claims: Mapping[str, Any]) -> str:
     canonical = json.dumps(claims, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(canonical).hexdigest()
@@ -54,17 +79,26 @@ class Checkpoint:
     Not thread-safe by itself: the plugin calls it under its prepare lock.
     """
 
-    def __init__(self, state_dir: str | Path, boot_id: str) -> None:
+    def __init__(
+        self,
+        state_dir: str | Path,
+        boot_id: str,
+        validate: Callable[[Mapping[str, Any]], object] | None = None,
+    ) -> None:
         self.path = Path(state_dir) / "checkpoint.json"
         self.boot_id = boot_id
         self.claims: dict[str, dict[str, Any]] = {}
+        self._validate = validate
 
     def load(self) -> bool:
         """Load the file; return False when it belonged to another boot (then start empty).
 
+        Every record is checked with ``validate`` (e.g. that its plan still parses).
+
         Raises:
-            CheckpointCorrupt: unreadable JSON, unknown version or checksum mismatch (the
-                file is moved aside first; the in-memory record starts empty).
+            CheckpointCorrupt: unreadable JSON, not an object, unknown version, checksum
+                mismatch or a record ``validate`` rejects (the file is moved aside first;
+                the in-memory record starts empty).
         """
         self.claims = {}
         try:
@@ -72,20 +106,21 @@ class Checkpoint:
         except FileNotFoundError:
             return True
         try:
-            doc = json.loads(raw)
-            if not isinstance(doc, dict) or doc.get("version") != VERSION:
-                raise ValueError(f"unsupported version {doc.get('version')!r}")
-            claims = doc["claims"]
-            if not isinstance(claims, dict) or _checksum(claims) != doc.get("checksum"):
-                raise ValueError("checksum mismatch")
-        except (ValueError, KeyError, TypeError) as exc:
+            doc = parse(raw)
+            for uid, record in doc["claims"].items():
+                if self._validate is not None:
+                    try:
+                        self._validate(record)
+                    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                        raise ValueError(f"record {uid} unreadable: {exc!r}") from exc
+        except ValueError as exc:
             kept = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
             os.replace(self.path, kept)
             raise CheckpointCorrupt(f"checkpoint {self.path} is corrupt ({exc})", kept) from exc
         if doc.get("bootId") != self.boot_id:
             self.save()
             return False
-        self.claims = claims
+        self.claims = doc["claims"]
         return True
 
     def save(self) -> None:

@@ -27,6 +27,7 @@ from dra_driver.prepare import (
     ClaimPlan,
     ClaimRef,
     PrepareError,
+    overcommit_error,
     plan_claim,
     plan_from_json,
     plan_to_json,
@@ -56,6 +57,21 @@ class PrepareOutcome:
 
     devices: tuple[PreparedDevice, ...] = ()
     error: str = ""
+
+
+def _validate_record(record: Mapping[str, Any]) -> None:
+    """Raise if a checkpoint record cannot be used (its plan or devices do not parse)."""
+    plan_from_json(record["plan"])
+    _devices_from_record(record)
+
+
+def _remove_temp_files(*dirs: Path) -> None:
+    """Remove temp files a killed write left behind (``.<name>.<pid>.tmp``)."""
+    for d in dirs:
+        if d.is_dir():
+            for tmp in d.glob(".*.tmp"):
+                tmp.unlink(missing_ok=True)
+                log.info("removed temp file left by a killed write", path=str(tmp))
 
 
 def _devices_from_record(record: Mapping[str, Any]) -> tuple[PreparedDevice, ...]:
@@ -107,7 +123,7 @@ class Driver:
         self.enforcer = enforcer
         self.cdi_root = Path(cdi_root)
         self.lock = lock
-        self.checkpoint = Checkpoint(state_dir, boot_id)
+        self.checkpoint = Checkpoint(state_dir, boot_id, validate=_validate_record)
         self.metrics = metrics or Metrics()
         self._seen_stat: tuple[int, int, int] | None = None
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="claim-read")
@@ -115,11 +131,12 @@ class Driver:
     def start(self) -> None:
         """Load the checkpoint, re-apply prepared claims, and sweep orphaned CDI specs.
 
-        A corrupt checkpoint is logged as an error and kept aside; the sweep is then skipped
-        so running containers keep their CDI specs.
+        A corrupt checkpoint is logged as an error and kept aside; enforcement is then left
+        as it is (no restore, which would tear down the namespaces of running claims) and
+        the sweep is skipped, so running containers keep their CDI specs and MPS settings.
         """
         with self.lock.held():
-            corrupt = False
+            _remove_temp_files(self.cdi_root, self.checkpoint.path.parent)
             try:
                 same_boot = self.checkpoint.load()
                 if not same_boot:
@@ -127,14 +144,17 @@ class Driver:
                         "checkpoint from an earlier boot discarded", path=str(self.checkpoint.path)
                     )
             except CheckpointCorrupt as exc:
-                corrupt = True
                 self.metrics.errors.labels(operation="checkpoint").inc()
-                log.error("checkpoint corrupt; starting with no prepared claims", error=str(exc))
+                log.error(
+                    "checkpoint corrupt; starting with no prepared claims and leaving existing "
+                    "CDI specs and MPS state in place (unprepare still removes them by claim UID)",
+                    error=str(exc),
+                )
+                self._remember_stat()
+                return
             self._remember_stat()
-            plans = [plan_from_json(r["plan"]) for r in self.checkpoint.claims.values()]
-            self.enforcer.restore(plans)
-            if not corrupt:
-                self._sweep()
+            self.enforcer.restore(self.prepared_plans())
+            self._sweep()
 
     def _sweep(self) -> None:
         known = set(self.checkpoint.claims)
@@ -171,8 +191,11 @@ class Driver:
         self._remember_stat()
 
     def prepare(self, refs: Iterable[ClaimRef]) -> dict[str, PrepareOutcome]:
-        """Prepare each claim; each one fails alone. Returns outcomes keyed by claim UID."""
-        refs = list(refs)
+        """Prepare each claim; each one fails alone. Returns outcomes keyed by claim UID.
+
+        A claim listed twice is prepared once.
+        """
+        refs = list({r.uid: r for r in refs}.values())
         outcomes: dict[str, PrepareOutcome] = {}
         started = time.perf_counter()
         with self.lock.held():
@@ -186,6 +209,7 @@ class Driver:
                     todo.append(ref)
             claims = dict(zip([r.uid for r in todo], self._pool.map(self._read, todo), strict=True))
             table = self.devices() if todo else {}
+            prepared = {p.claim.uid: p for p in self.prepared_plans()} if todo else {}
             fresh: list[str] = []
             for ref in todo:
                 bound = log.bind(claim_uid=ref.uid, namespace=ref.namespace, name=ref.name)
@@ -193,7 +217,7 @@ class Driver:
                     claim = claims[ref.uid]
                     if isinstance(claim, Exception):
                         raise claim
-                    outcomes[ref.uid] = self._prepare_one(ref, claim, table)
+                    outcomes[ref.uid] = self._prepare_one(ref, claim, table, prepared)
                     fresh.append(ref.uid)
                     bound.info(
                         "claim prepared", devices=[d.device for d in outcomes[ref.uid].devices]
@@ -202,13 +226,19 @@ class Driver:
                     outcomes[ref.uid] = PrepareOutcome(error=str(exc))
                     self.metrics.errors.labels(operation="prepare").inc()
                     bound.warning("claim prepare failed", error=str(exc))
+                except Exception as exc:  # a bug must fail this claim only, not the batch
+                    outcomes[ref.uid] = PrepareOutcome(error=f"internal error: {exc!r}")
+                    self.metrics.errors.labels(operation="prepare").inc()
+                    bound.exception("claim prepare failed unexpectedly")
             if fresh:
                 try:
                     self._save()
                 except OSError as exc:
                     for uid in fresh:
                         self._undo(uid)
-                        outcomes[uid] = PrepareOutcome(error=f"checkpoint write failed: {exc}")
+                        outcomes[uid] = PrepareOutcome(
+                            error=f"checkpoint write to {self.checkpoint.path} failed: {exc}"
+                        )
         self.metrics.observe("prepare", len(refs), time.perf_counter() - started)
         return outcomes
 
@@ -218,14 +248,27 @@ class Driver:
             return self.reader.read(ref.namespace, ref.name)
         except PrepareError as exc:
             return exc
+        except Exception as exc:  # API server unreachable, bad JSON: this claim fails alone
+            return PrepareError(f"reading claim {ref.namespace}/{ref.name} failed: {exc}")
 
     def _prepare_one(
-        self, ref: ClaimRef, claim: Mapping[str, Any], table: Mapping[str, FractionDevice]
+        self,
+        ref: ClaimRef,
+        claim: Mapping[str, Any],
+        table: Mapping[str, FractionDevice],
+        prepared: dict[str, ClaimPlan],
     ) -> PrepareOutcome:
+        """Prepare one claim; ``prepared`` (plans by claim UID) gains it on success."""
         plan = plan_claim(ref, claim, self.driver_name, self.pool, table)
+        problem = overcommit_error(plan, (p for u, p in prepared.items() if u != ref.uid))
+        if problem:
+            raise PrepareError(f"{problem}; refusing to over-commit the GPU")
         edits = self.enforcer.apply(plan)
         try:
             devices = self._write_cdi(plan, edits)
+        except OSError as exc:
+            self.enforcer.release(ref.uid)
+            raise PrepareError(f"writing the CDI spec under {self.cdi_root} failed: {exc}") from exc
         except BaseException:
             self.enforcer.release(ref.uid)
             raise
@@ -244,6 +287,7 @@ class Driver:
             ],
             "plan": plan_to_json(plan),
         }
+        prepared[ref.uid] = plan
         return PrepareOutcome(devices=devices)
 
     def _write_cdi(
@@ -277,32 +321,43 @@ class Driver:
         self.enforcer.release(uid)
 
     def unprepare(self, refs: Iterable[ClaimRef]) -> dict[str, str]:
-        """Unprepare each claim (unknown claims succeed); returns error text by UID ("" = ok)."""
-        refs = list(refs)
+        """Unprepare each claim (unknown claims succeed); returns error text by UID ("" = ok).
+
+        If the checkpoint cannot be written, the removed records are put back and those
+        claims fail, so the kubelet's retry finds them again (memory never runs ahead of disk).
+        """
+        refs = list({r.uid: r for r in refs}.values())
         errors: dict[str, str] = {}
         started = time.perf_counter()
         with self.lock.held():
             self._refresh()
-            changed = False
+            removed: dict[str, dict[str, Any]] = {}
             for ref in refs:
                 bound = log.bind(claim_uid=ref.uid, namespace=ref.namespace, name=ref.name)
                 try:
                     validate_uid(ref.uid)
                     self.enforcer.release(ref.uid)
                     cdi.remove_spec(self.cdi_root, self.driver_name, ref.uid)
-                    changed |= self.checkpoint.claims.pop(ref.uid, None) is not None
+                    record = self.checkpoint.claims.pop(ref.uid, None)
+                    if record is not None:
+                        removed[ref.uid] = record
                     errors[ref.uid] = ""
                     bound.info("claim unprepared")
                 except _CLAIM_ERRORS as exc:
                     errors[ref.uid] = str(exc)
                     self.metrics.errors.labels(operation="unprepare").inc()
                     bound.warning("claim unprepare failed", error=str(exc))
-            if changed:
+                except Exception as exc:  # a bug must fail this claim only, not the batch
+                    errors[ref.uid] = f"internal error: {exc!r}"
+                    self.metrics.errors.labels(operation="unprepare").inc()
+                    bound.exception("claim unprepare failed unexpectedly")
+            if removed:
                 try:
                     self._save()
                 except OSError as exc:
-                    for ref in refs:
-                        errors[ref.uid] = errors[ref.uid] or f"checkpoint write failed: {exc}"
+                    self.checkpoint.claims.update(removed)
+                    for uid in removed:
+                        errors[uid] = f"checkpoint write to {self.checkpoint.path} failed: {exc}"
         self.metrics.observe("unprepare", len(refs), time.perf_counter() - started)
         return errors
 

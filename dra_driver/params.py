@@ -40,6 +40,8 @@ _FIELDS = {
 }
 
 
+MAX_BYTES = 2**63 - 1
+"""Largest byte count accepted (Kubernetes quantities are int64 in the API server)."""
 _DECIMAL = re.compile(r"^[0-9]*\.?[0-9]+$")
 """Plain decimal notation, as the claim-parameters admission policy accepts it."""
 
@@ -91,6 +93,8 @@ def _quantity_bytes(value: Any, where: str) -> int:
         ) from exc
     if q <= 0:
         raise ParameterError(f"{where}: {value!r} must be greater than zero")
+    if q > MAX_BYTES:  # compare before int(): int() of 1e1000000 takes minutes
+        raise ParameterError(f"{where}: {value!r} is larger than any GPU's memory")
     if q != q.to_integral_value():
         raise ParameterError(f"{where}: {value!r} must be a whole number of bytes")
     return int(q)

@@ -8,8 +8,8 @@ the GPU, the memory request and ceiling (bytes), the compute mode and the SM per
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, fields
 from decimal import InvalidOperation
 from typing import Any
 
@@ -18,7 +18,7 @@ from kubernetes.utils import parse_quantity
 from dra_driver.config import canonical_quantity
 from dra_driver.gpus import Gpu
 from dra_driver.ids import PrepareError, validate_uid
-from dra_driver.params import ClaimParameters, ParameterError, parse_parameters
+from dra_driver.params import MAX_BYTES, ClaimParameters, ParameterError, parse_parameters
 from dra_driver.slices import FractionDevice
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "ClaimRef",
     "DevicePlan",
     "PrepareError",
+    "overcommit_error",
     "plan_claim",
     "plan_from_json",
     "plan_to_json",
@@ -110,9 +111,12 @@ def _consumed_memory(result: Mapping[str, Any]) -> int | None:
     if raw is None:
         return None
     try:
-        return int(parse_quantity(raw))
-    except (ValueError, InvalidOperation) as exc:
+        q = parse_quantity(raw)
+    except (ValueError, TypeError, InvalidOperation) as exc:
         raise PrepareError(f"consumedCapacity.memory {raw!r} is not a quantity") from exc
+    if not 0 <= q <= MAX_BYTES:
+        raise PrepareError(f"consumedCapacity.memory {raw!r} is out of range")
+    return int(q)
 
 
 def _plan_device(
@@ -167,6 +171,67 @@ def _plan_device(
     )
 
 
+def _checked_allocation(allocation: Any, where: str) -> Mapping[str, Any]:
+    """``allocation.devices`` after checking the shapes Prepare relies on.
+
+    Raises:
+        PrepareError: a result without string request/driver/pool/device, or a config entry
+            whose ``opaque`` or ``requests`` has the wrong type.
+    """
+    devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
+    if devices is None:
+        return {}
+    bad = PrepareError(f"{where}: status.allocation.devices is malformed")
+    if not isinstance(devices, Mapping):
+        raise bad
+    results = devices.get("results") or []
+    configs = devices.get("config") or []
+    if not isinstance(results, list) or not isinstance(configs, list):
+        raise bad
+    for r in results:
+        keys = ("request", "driver", "pool", "device")
+        if not isinstance(r, Mapping) or not all(isinstance(r.get(k), str) for k in keys):
+            raise bad
+    for c in configs:
+        if not isinstance(c, Mapping):
+            raise bad
+        if not isinstance(c.get("opaque") or {}, Mapping):
+            raise bad
+        if not isinstance(c.get("requests") or [], list):
+            raise bad
+    return {"results": results, "config": configs}
+
+
+def overcommit_error(plan: ClaimPlan, prepared: Iterable[ClaimPlan]) -> str | None:
+    """Node-side defence against an allocation that over-commits a device.
+
+    The scheduler never does this; a bug or a hand-written allocation could. A device
+    without a share ID belongs to one claim at a time; the shares of one consumable-capacity
+    device may not request more memory together than the card has. Returns the problem or
+    None. ``prepared`` excludes ``plan``'s own claim.
+    """
+    exclusive: dict[str, str] = {}
+    shared: dict[str, int] = {}
+    for other in prepared:
+        for d in other.devices:
+            if d.share_id is None:
+                exclusive[d.device] = other.claim.uid
+            else:
+                shared[d.device] = shared.get(d.device, 0) + d.memory_request_bytes
+    for d in plan.devices:
+        if d.share_id is None and d.device in exclusive:
+            return f"device {d.device} is already prepared for claim {exclusive[d.device]}"
+        if d.share_id is not None:
+            shared[d.device] = shared.get(d.device, 0) + d.memory_request_bytes
+            if shared[d.device] > d.gpu.memory_bytes:
+                return (
+                    f"device {d.device}: shares prepared on this node would request "
+                    f"{canonical_quantity(shared[d.device])}, more than the card's "
+                    f"{canonical_quantity(d.gpu.memory_bytes)}"
+                )
+    return None
+
+
 def plan_claim(
     ref: ClaimRef,
     claim: Mapping[str, Any],
@@ -199,13 +264,13 @@ def plan_claim(
     allocation = (claim.get("status") or {}).get("allocation")
     if not allocation:
         raise PrepareError(f"claim {ref.namespace}/{ref.name} is not allocated")
-    alloc_devices = allocation.get("devices") or {}
-    results = [r for r in alloc_devices.get("results") or [] if r.get("driver") == driver]
+    alloc_devices = _checked_allocation(allocation, f"claim {ref.namespace}/{ref.name}")
+    results = [r for r in alloc_devices.get("results", []) if r.get("driver") == driver]
     if not results:
         raise PrepareError(
             f"claim {ref.namespace}/{ref.name} has no allocation results for driver {driver}"
         )
-    configs = list(alloc_devices.get("config") or [])
+    configs = list(alloc_devices.get("config", []))
     plans: dict[tuple[str, str | None], DevicePlan] = {}
     for result in results:
         name = str(result.get("device", ""))
@@ -244,20 +309,27 @@ def plan_to_json(plan: ClaimPlan) -> dict[str, Any]:
     return asdict(plan)
 
 
+def _known(cls: type, doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of ``doc`` that are fields of dataclass ``cls`` (fields added by a newer
+    version are ignored, so a checkpoint survives a downgrade)."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in doc.items() if k in names}
+
+
 def plan_from_json(doc: Mapping[str, Any]) -> ClaimPlan:
     """Inverse of :func:`plan_to_json`.
 
     Raises:
-        KeyError, TypeError: when ``doc`` is not a serialized plan.
+        KeyError, TypeError, AttributeError: when ``doc`` is not a serialized plan.
     """
     devices = tuple(
         DevicePlan(
             **{
-                **d,
+                **_known(DevicePlan, d),
                 "request_names": tuple(d["request_names"]),
-                "gpu": Gpu(**d["gpu"]),
+                "gpu": Gpu(**_known(Gpu, d["gpu"])),
             }
         )
         for d in doc["devices"]
     )
-    return ClaimPlan(claim=ClaimRef(**doc["claim"]), devices=devices)
+    return ClaimPlan(claim=ClaimRef(**_known(ClaimRef, doc["claim"])), devices=devices)
