@@ -16,6 +16,17 @@ DEFAULT_CDI_ROOT = "/var/run/cdi"
 DEFAULT_STATE_DIR = "/var/lib/gpu-fraction-dra"
 
 
+def _percentage(text: str) -> int:
+    """argparse type: an integer percentage 1..100."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 1 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"{value} is outside 1..100")
+    return value
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--driver",
@@ -71,7 +82,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host-root", default="/", help="where the host's / is visible (detection)")
     p.add_argument(
         "--default-active-thread-percentage",
-        type=int,
+        type=_percentage,
         default=100,
         help="SM ceiling (1..100) of sm-sharing claims that set none",
     )
@@ -80,6 +91,12 @@ def _parser() -> argparse.ArgumentParser:
         default="EXCLUSIVE_PROCESS",
         choices=("EXCLUSIVE_PROCESS", "DEFAULT"),
         help="NVML compute mode of time-slicing GPUs while MPS serves them",
+    )
+    p.add_argument(
+        "--sm-sharing-compute-mode",
+        default="EXCLUSIVE_PROCESS",
+        choices=("EXCLUSIVE_PROCESS", "DEFAULT"),
+        help="NVML compute mode of sm-sharing GPUs while MPS serves them",
     )
     p.add_argument(
         "--publish-interval", type=float, default=30.0, help="seconds between slice syncs"
@@ -99,7 +116,8 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "status",
         help="show the claims prepared on this node (from the checkpoint)",
-        description="Print the checkpoint's prepared claims and CDI specs as JSON.",
+        description="Print the claims recorded in the checkpoint (namespace, name, devices "
+        "with their CDI device IDs) as JSON. Read-only; exit 2 if the checkpoint is unreadable.",
     )
     _add_common(p)
     p.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
@@ -126,45 +144,71 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return 0
     if args.command == "status":
-        path = Path(args.state_dir) / "checkpoint.json"
-        if not path.exists():
-            print(json.dumps({"claims": {}}))
-            return 0
-        doc = json.loads(path.read_text())
-        summary = {
-            uid: {k: rec[k] for k in ("namespace", "name", "devices")}
-            for uid, rec in doc.get("claims", {}).items()
-        }
-        print(json.dumps({"bootId": doc.get("bootId"), "claims": summary}, indent=2))
-        return 0
+        return _status(Path(args.state_dir))
+    from kubernetes.config import ConfigException
+
+    from dra_driver.gpus import GpuSourceError
+    from dra_driver.mps import MpsError
     from dra_driver.mps.enforcer import MpsOptions
     from dra_driver.plugin import PluginOptions, run
 
     if not args.node_name:
         print("error: --node-name (or NODE_NAME) is required", file=sys.stderr)
         return 2
-    return run(
-        PluginOptions(
-            driver_name=args.driver,
-            node_name=args.node_name,
-            gpus=args.gpus,
-            kubeconfig=args.kubeconfig,
-            plugin_dir=args.plugin_dir,
-            registry_dir=args.registry_dir,
-            cdi_root=args.cdi_root,
-            state_dir=args.state_dir,
-            node_config=args.node_config,
-            rolling_update_uid=args.rolling_update_uid,
-            metrics_port=args.metrics_port,
-            publish_interval=args.publish_interval,
-            host_root=args.host_root,
-            mps=MpsOptions(
-                root=args.mps_root,
-                control_binary=args.mps_control,
-                ctk_hook_path=args.cdi_hook,
-                driver_root=args.driver_root,
-                default_active_thread_percentage=args.default_active_thread_percentage,
-                time_slicing_compute_mode=args.time_slicing_compute_mode,
-            ),
-        )
+    options = PluginOptions(
+        driver_name=args.driver,
+        node_name=args.node_name,
+        gpus=args.gpus,
+        kubeconfig=args.kubeconfig,
+        plugin_dir=args.plugin_dir,
+        registry_dir=args.registry_dir,
+        cdi_root=args.cdi_root,
+        state_dir=args.state_dir,
+        node_config=args.node_config,
+        rolling_update_uid=args.rolling_update_uid,
+        metrics_port=args.metrics_port,
+        publish_interval=args.publish_interval,
+        host_root=args.host_root,
+        mps=MpsOptions(
+            root=args.mps_root,
+            control_binary=args.mps_control,
+            ctk_hook_path=args.cdi_hook,
+            driver_root=args.driver_root,
+            default_active_thread_percentage=args.default_active_thread_percentage,
+            time_slicing_compute_mode=args.time_slicing_compute_mode,
+            sm_sharing_compute_mode=args.sm_sharing_compute_mode,
+        ),
     )
+    try:
+        return run(options)
+    except (ValueError, GpuSourceError, MpsError, ConfigException, OSError) as exc:
+        print(f"error: cannot start the kubelet plugin: {exc}", file=sys.stderr)
+        return 2
+
+
+def _status(state_dir: Path) -> int:
+    """``dra-driver status``: print the checkpoint read-only; exit 2 when it is unusable."""
+    from dra_driver.checkpoint import parse, read_boot_id
+
+    if not state_dir.is_dir():
+        print(f"error: state directory {state_dir} does not exist", file=sys.stderr)
+        return 2
+    path = state_dir / "checkpoint.json"
+    if not path.exists():
+        print(json.dumps({"claims": {}}))
+        return 0
+    try:
+        doc = parse(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        print(f"error: checkpoint {path} is unusable: {exc}", file=sys.stderr)
+        return 2
+    current = doc.get("bootId") == read_boot_id()
+    summary = {
+        uid: {k: rec.get(k) for k in ("namespace", "name", "devices")}
+        for uid, rec in doc["claims"].items()
+    }
+    out = {"bootId": doc.get("bootId"), "currentBoot": current, "claims": summary}
+    if not current:
+        out["note"] = "checkpoint is from an earlier boot; the plugin discards it at start"
+    print(json.dumps(out, indent=2))
+    return 0

@@ -190,10 +190,49 @@ def test_status_lists_prepared_claims(node: Node) -> None:
     assert doc["bootId"] == "boot-1"
     assert doc["claims"][m["uid"]]["name"] == m["name"]
     assert doc["claims"][m["uid"]]["devices"][0]["device"] == node.device(0, "quarter")
+    assert doc["currentBoot"] is False and "earlier boot" in doc["note"]
+    (node.root / "empty").mkdir()
     empty = subprocess.run(
-        [*CLI, "status", f"--state-dir={node.root}/none"],
+        [*CLI, "status", f"--state-dir={node.root}/empty"],
         capture_output=True,
         text=True,
         check=True,
     )
     assert json.loads(empty.stdout) == {"claims": {}}
+    missing = subprocess.run(
+        [*CLI, "status", f"--state-dir={node.root}/typo"], capture_output=True, text=True
+    )
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    (node.state_dir / "checkpoint.json").write_text("null")
+    corrupt = subprocess.run(
+        [*CLI, "status", f"--state-dir={node.state_dir}"], capture_output=True, text=True
+    )
+    assert corrupt.returncode == 2 and "unusable: not a JSON object" in corrupt.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--node-config=/nonexistent/config.yaml"], "/nonexistent/config.yaml"),
+        (["--gpus=simulated:H900x1"], "unknown simulated GPU model 'H900'"),
+        (["--default-active-thread-percentage=0"], "0 is outside 1..100"),
+    ],
+)
+def test_plugin_start_errors_are_clear(tmp_path: Path, args: list[str], message: str) -> None:
+    out = subprocess.run(
+        [
+            *CLI,
+            "kubelet-plugin",
+            "--node-name=n1",
+            "--gpus=simulated:H200x1",
+            f"--kubeconfig={tmp_path}/kubeconfig",
+            f"--state-dir={tmp_path}/s",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr
