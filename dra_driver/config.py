@@ -2,7 +2,10 @@
 
 The configuration is one YAML document (``kind: NodeConfig``) read once at plugin start. Every
 rule below is checked when it is loaded; a violation raises :class:`ConfigError` whose message
-names the file and the field path (e.g. ``node.yaml: products[2].portion: ...``).
+names the file and the field path (e.g. ``node.yaml: products[2].portion: ...``). A field given
+as null (``index:`` with no value, ``~``) is an error, never taken as absent; a key given twice
+in one mapping is an error naming both lines; a file that cannot be read or is not UTF-8 is an
+error naming the file.
 
 Quantities (``capacity.minimum`` ...) use the Kubernetes quantity syntax (``1Gi``, ``256Mi``,
 ``1073741824``); :func:`parse_bytes` reads them and :func:`canonical_quantity` writes byte counts
@@ -14,11 +17,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
+import structlog
 import yaml
 
 from dra_driver.gpus.model import MIB, Gpu
@@ -66,6 +71,9 @@ _DECIMAL_SUFFIXES = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "
 _DECIMAL_SUFFIXES.update({"P": 15, "E": 18})
 _BINARY_NAMES = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]
 _DECIMAL_NAMES = {0: "", 3: "k", 6: "M", 9: "G", 12: "T", 15: "P", 18: "E"}
+
+
+log = structlog.get_logger(__name__)
 
 
 class ConfigError(ValueError):
@@ -218,6 +226,11 @@ class GpuSelector:
             and (self.product is None or gpu.name == self.product)
         )
 
+    def __str__(self) -> str:
+        """The fields given, as in the file: ``{index: 0, product: NVIDIA H200}``."""
+        fields = (("index", self.index), ("uuid", self.uuid), ("product", self.product))
+        return "{" + ", ".join(f"{k}: {v}" for k, v in fields if v is not None) + "}"
+
 
 @dataclass(frozen=True)
 class GpuOverride:
@@ -296,6 +309,21 @@ class NodeConfig:
             enabled=enabled,
         )
 
+    def unmatched_selectors(self, gpus: Iterable[Gpu]) -> tuple[str, ...]:
+        """One message per ``gpus[]`` entry whose selector matches none of ``gpus``.
+
+        Such an entry has no effect on this node: usually a typo in a UUID or product name (the
+        product must be spelled as NVML reports it, ``NVIDIA H200``), or a file shared by nodes
+        with different GPUs. Not an error, since one file serves every node; the plugin logs
+        each as a warning (:func:`warn_unmatched_selectors`).
+        """
+        present = tuple(gpus)
+        return tuple(
+            f"gpus[{i}].selector {override.selector} matches no GPU on this node"
+            for i, override in enumerate(self.gpus)
+            if not any(override.selector.matches(gpu) for gpu in present)
+        )
+
     def all_products(self) -> tuple[Product, ...]:
         """Every product any GPU may offer (defaults first, then overrides), unique by name."""
         seen: dict[str, Product] = {p.name: p for p in self.defaults.products}
@@ -311,23 +339,81 @@ def default_node_config() -> NodeConfig:
     return NodeConfig()
 
 
+def warn_unmatched_selectors(
+    config: NodeConfig, gpus: Iterable[Gpu], source: str | None = None
+) -> tuple[str, ...]:
+    """Log a warning for each ``gpus[]`` entry that matches none of ``gpus`` (the node's
+    discovered GPUs) and return the messages (:meth:`NodeConfig.unmatched_selectors`).
+
+    Args:
+        config: the node configuration.
+        gpus: the GPUs discovered on this node (``Inventory.gpus``).
+        source: the configuration file, for the log entry (``node_config``).
+    """
+    found = config.unmatched_selectors(gpus)
+    for message in found:
+        log.warning(
+            "node configuration entry matches no GPU; it has no effect",
+            node_config=source,
+            entry=message.split(".", 1)[0],
+            detail=message,
+        )
+    return found
+
+
 # --- parsing ---------------------------------------------------------------------------------
+
+
+class _DuplicateKeyError(yaml.YAMLError):
+    """A mapping names one key twice (PyYAML would keep the last silently)."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping.
+
+    Keys merged in with ``<<: *anchor`` may be overridden by an explicit key (that is what
+    merge keys are for); only explicit keys are compared.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_line: dict[Hashable, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, Hashable):
+                continue  # SafeLoader reports unhashable keys itself
+            line = key_node.start_mark.line + 1
+            if key in first_line:
+                raise _DuplicateKeyError(
+                    f"line {line}: duplicate key {key!r} (first at line {first_line[key]})"
+                )
+            first_line[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 def load_node_config(path: str | None) -> NodeConfig:
     """Read and validate the node configuration file; ``None`` gives :func:`default_node_config`.
 
     Raises:
-        ConfigError: when the file cannot be read, is not YAML, or breaks a rule (the message
-            starts with the path and names the field).
+        ConfigError: when the file cannot be read (any ``OSError``), is not UTF-8, is not YAML,
+            or breaks a rule; the message starts with the path and names the field.
     """
     if path is None:
         return default_node_config()
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        raw = Path(path).read_bytes()
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read node configuration: {exc.strerror}") from None
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise ConfigError(f"{path}: cannot read node configuration: {reason}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(
+            f"{path}: not UTF-8 text: byte 0x{raw[exc.start]:02x} at offset {exc.start} "
+            f"(line {line}); save the file as UTF-8"
+        ) from None
     return parse_node_config_text(text, source=path)
 
 
@@ -335,10 +421,13 @@ def parse_node_config_text(text: str, source: str = "<node-config>") -> NodeConf
     """Parse YAML text into a :class:`NodeConfig` (see :func:`parse_node_config`).
 
     Raises:
-        ConfigError: for invalid YAML or an invalid configuration, prefixed with ``source``.
+        ConfigError: for invalid YAML (including a key given twice in one mapping) or an
+            invalid configuration, prefixed with ``source``.
     """
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
+    except _DuplicateKeyError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML: {exc}") from None
     return parse_node_config(data, source=source)
@@ -358,7 +447,9 @@ def parse_node_config(data: object, source: str = "<node-config>") -> NodeConfig
 
 def _parse(data: object) -> NodeConfig:
     doc = _mapping(
-        data, "document", {"apiVersion", "kind", "defaults", "products", "capacity", "gpus"}
+        {} if data is None else data,
+        "document",
+        {"apiVersion", "kind", "defaults", "products", "capacity", "gpus"},
     )
     if doc.get("apiVersion") != API_VERSION:
         raise ConfigError(f"apiVersion: must be {API_VERSION!r}, got {doc.get('apiVersion')!r}")
@@ -400,10 +491,11 @@ def _parse(data: object) -> NodeConfig:
 
 
 def _mapping(value: object, where: str, allowed: set[str]) -> dict[str, Any]:
-    if value is None:
-        value = {}
+    """``value`` as a mapping with only ``allowed`` keys; null is not an empty mapping (a
+    section with nothing under it is a mistake or an indentation slip)."""
     if not isinstance(value, dict):
-        raise ConfigError(f"{where}: must be a mapping, got {type(value).__name__}")
+        got = "null" if value is None else type(value).__name__
+        raise ConfigError(f"{where}: must be a mapping, got {got}")
     unknown = sorted(str(k) for k in value if k not in allowed)
     if unknown:
         known = ", ".join(sorted(allowed))
@@ -508,8 +600,10 @@ def _selector(value: object, where: str) -> GpuSelector:
     raw = _mapping(value, where, {"index", "uuid", "product"})
     if not raw:
         raise ConfigError(f"{where}: must name at least one of index, uuid, product")
+    # "key present" decides, not "value not None": a null field must not widen the selector
+    # to every GPU.
     index = raw.get("index")
-    if index is not None and (isinstance(index, bool) or not isinstance(index, int) or index < 0):
+    if "index" in raw and (isinstance(index, bool) or not isinstance(index, int) or index < 0):
         raise ConfigError(f"{where}.index: must be a non-negative integer, got {index!r}")
     for key in ("uuid", "product"):
         if key in raw and (not isinstance(raw[key], str) or not raw[key]):
@@ -525,7 +619,7 @@ def _override(value: object, where: str) -> GpuOverride:
     if len(raw) == 1:
         raise ConfigError(f"{where}: sets nothing besides its selector")
     enabled = raw.get("enabled")
-    if enabled is not None and not isinstance(enabled, bool):
+    if "enabled" in raw and not isinstance(enabled, bool):
         raise ConfigError(f"{where}.enabled: must be true or false, got {enabled!r}")
     return GpuOverride(
         selector=_selector(raw["selector"], f"{where}.selector"),

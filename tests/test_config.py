@@ -7,6 +7,8 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
+import structlog
+import structlog.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -15,6 +17,7 @@ from dra_driver.config import (
     DEFAULT_PRODUCTS,
     ConfigError,
     GpuConfig,
+    GpuSelector,
     NodeConfig,
     Product,
     canonical_quantity,
@@ -23,6 +26,7 @@ from dra_driver.config import (
     parse_node_config_text,
     quantity_value,
     slots_for,
+    warn_unmatched_selectors,
 )
 from dra_driver.gpus import MIB, Gpu, SimulatedGpuSource
 
@@ -330,3 +334,207 @@ def test_parse_bytes(value: int | str, expected: int) -> None:
 def test_parse_bytes_rejects(value: object) -> None:
     with pytest.raises(ConfigError, match="^f: "):
         parse_bytes(value, "f")
+
+
+# --- null values, duplicate keys, unreadable files (tester's findings) -----------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        # A null selector field used to mean "absent", so the override matched every GPU.
+        (
+            "gpus: [{selector: {index: null}, enabled: false}]\n",
+            "gpus[0].selector.index: must be a non-negative integer, got None",
+        ),
+        (
+            "gpus: [{selector: {index: ~, product: NVIDIA H200}, enabled: false}]\n",
+            "gpus[0].selector.index: must be a non-negative integer, got None",
+        ),
+        (
+            "gpus:\n  - selector:\n      index:\n    enabled: false\n",
+            "gpus[0].selector.index: must be a non-negative integer, got None",
+        ),
+        ("gpus: [{selector: {uuid: null}, enabled: false}]\n", "gpus[0].selector.uuid: must be"),
+        ("gpus: [{selector: {product: ~}, enabled: false}]\n", "gpus[0].selector.product: must"),
+        # enabled: null used to mean "unchanged" (and passed the "sets something" check).
+        ("gpus: [{selector: {index: 0}, enabled: null}]\n", "gpus[0].enabled: must be true or"),
+        # A null section is not an empty one.
+        ("defaults: null\n", "defaults: must be a mapping, got null"),
+        ("capacity:\n", "capacity: must be a mapping, got null"),
+        ("gpus: [~]\n", "gpus[0]: must be a mapping, got null"),
+        ("gpus: [{selector: ~, enabled: false}]\n", "gpus[0].selector: must be a mapping, got"),
+        (
+            "gpus: [{selector: {index: 0}, capacity: ~}]\n",
+            "gpus[0].capacity: must be a mapping, got null",
+        ),
+        ("products: [~]\n", "products[0]: must be a mapping, got null"),
+        ("defaults: {computeMode: null}\n", "defaults.computeMode: must be one of"),
+        ("defaults: {fractionModel: ~}\n", "defaults.fractionModel: must be one of"),
+        ("capacity: {default: null}\n", "capacity.default: must be a quantity"),
+        ("capacity: {step: ~}\n", "capacity.step: must be a quantity"),
+        ("products: [{name: a, portion: null}]\n", "products[0].portion: must be a fraction"),
+        ("products: [{name: null, portion: 1}]\n", "products[0].name: None must be a DNS label"),
+        (
+            "gpus: [{selector: {index: 0}, products: null}]\n",
+            "gpus[0].products: must be a non-empty list",
+        ),
+        (
+            "gpus: [{selector: {index: 0}, computeMode: null}]\n",
+            "gpus[0].computeMode: must be one of",
+        ),
+        ("gpus: null\n", "gpus: must be a list, got NoneType"),
+    ],
+)
+def test_null_is_never_absent(body: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_node_config_text(HEAD + body, source="node.yaml")
+    assert str(err.value).startswith("node.yaml: ")
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            "gpus:\n  - {selector: {index: 0}, enabled: false}\n"
+            "defaults: {computeMode: sm-sharing}\n"
+            "gpus:\n  - {selector: {index: 1}, enabled: false}\n",
+            "node.yaml: line 6: duplicate key 'gpus' (first at line 3)",
+        ),
+        (
+            "gpus: [{selector: {index: 0, index: 1}, enabled: false}]\n",
+            "node.yaml: line 3: duplicate key 'index' (first at line 3)",
+        ),
+        (
+            "defaults:\n  computeMode: sm-sharing\n  computeMode: time-slicing\n",
+            "node.yaml: line 5: duplicate key 'computeMode' (first at line 4)",
+        ),
+        (
+            "products:\n  - name: a\n    portion: 1/4\n    portion: 1/2\n",
+            "node.yaml: line 6: duplicate key 'portion' (first at line 5)",
+        ),
+    ],
+)
+def test_duplicate_keys_are_rejected(body: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_node_config_text(HEAD + body, source="node.yaml")
+    assert str(err.value) == message
+
+
+def test_merge_keys_may_be_overridden() -> None:
+    """``<<: *anchor`` followed by an explicit key is an override, not a duplicate."""
+    config = parse(
+        """
+        gpus:
+          - &h200 {selector: {product: NVIDIA H200}, computeMode: sm-sharing}
+          - <<: *h200
+            selector: {index: 2}
+        """
+    )
+    assert config.gpus[1].selector == GpuSelector(index=2)
+    assert config.gpus[1].compute_mode == "sm-sharing"
+
+
+def test_non_utf8_file_is_a_config_error_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "node.yaml"
+    path.write_bytes(HEAD.encode() + b"# caf\xe9\n")
+    with pytest.raises(ConfigError) as err:
+        load_node_config(str(path))
+    assert str(err.value).startswith(f"{path}: ")
+    assert "not UTF-8" in str(err.value) and "line 3" in str(err.value)
+
+
+def test_unreadable_path_is_a_config_error_naming_the_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=f"^{tmp_path}: cannot read node configuration: "):
+        load_node_config(str(tmp_path))  # a directory
+
+
+def test_os_error_without_strerror_is_a_config_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "node.yaml"
+    path.write_text(HEAD)
+
+    def fail(*_args: object, **_kwargs: object) -> bytes:
+        raise OSError("device went away")
+
+    monkeypatch.setattr(Path, "read_bytes", fail)
+    with pytest.raises(ConfigError) as err:
+        load_node_config(str(path))
+    assert str(err.value) == f"{path}: cannot read node configuration: device went away"
+
+
+# --- selectors that match no GPU ----------------------------------------------------------
+
+
+def test_unmatched_selectors_are_reported() -> None:
+    g = gpus()
+    config = parse(
+        f"""
+        gpus:
+          - selector: {{index: 1}}
+            computeMode: sm-sharing
+          - selector: {{uuid: GPU-does-not-exist}}
+            enabled: false
+          - selector: {{product: H200}}
+            enabled: false
+          - selector: {{index: 0, uuid: {g[1].uuid}}}
+            enabled: false
+          - selector: {{uuid: {g[3].uuid}}}
+            enabled: false
+        """
+    )
+    assert config.unmatched_selectors(g) == (
+        "gpus[1].selector {uuid: GPU-does-not-exist} matches no GPU on this node",
+        "gpus[2].selector {product: H200} matches no GPU on this node",
+        f"gpus[3].selector {{index: 0, uuid: {g[1].uuid}}} matches no GPU on this node",
+    )
+    assert parse("").unmatched_selectors(g) == ()
+    assert config.unmatched_selectors([]) == tuple(
+        f"gpus[{i}].selector {s} matches no GPU on this node"
+        for i, s in enumerate(
+            [
+                "{index: 1}",
+                "{uuid: GPU-does-not-exist}",
+                "{product: H200}",
+                f"{{index: 0, uuid: {g[1].uuid}}}",
+                f"{{uuid: {g[3].uuid}}}",
+            ]
+        )
+    )
+
+
+def test_warn_unmatched_selectors_logs_a_warning_each() -> None:
+    config = parse(
+        """
+        gpus:
+          - selector: {index: 7}
+            enabled: false
+          - selector: {index: 0}
+            enabled: false
+        """
+    )
+    with structlog.testing.capture_logs() as logs:
+        found = warn_unmatched_selectors(config, gpus(), source="node.yaml")
+    assert found == ("gpus[0].selector {index: 7} matches no GPU on this node",)
+    assert logs == [
+        {
+            "event": "node configuration entry matches no GPU; it has no effect",
+            "log_level": "warning",
+            "node_config": "node.yaml",
+            "entry": "gpus[0]",
+            "detail": found[0],
+        }
+    ]
+
+
+def test_example_selectors_all_match_the_documented_node() -> None:
+    """Every gpus[] entry of the example applies on the node its comments name
+    (render-slices --node node-a --gpus simulated:H200x8)."""
+    config = load_node_config(str(EXAMPLE))
+    node = gpus("simulated:H200x8")
+    assert config.unmatched_selectors(node) == ()
+    assert config.for_gpu(node[7]).fraction_model == "capacity"
+    assert config.for_gpu(node[7]).capacity.minimum == 2 * GIB
+    assert not config.for_gpu(node[6]).enabled
