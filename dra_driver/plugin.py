@@ -19,7 +19,7 @@ from urllib3.exceptions import HTTPError
 from dra_driver.accounting import UsageSource, register_accounting
 from dra_driver.checkpoint import read_boot_id
 from dra_driver.claims import ApiClaimReader
-from dra_driver.config import NodeConfig, load_node_config
+from dra_driver.config import NodeConfig, load_node_config, warn_unmatched_selectors
 from dra_driver.devicehealth import device_health
 from dra_driver.driver import Driver
 from dra_driver.enforcement import EnforcementReport, detect_enforcement
@@ -151,6 +151,7 @@ def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
     config = load_node_config(opts.node_config)
     state = NodeState(open_source(opts.gpus, seed=opts.node_name), config)
     state.refresh()
+    warn_unmatched_selectors(config, state.inventory.gpus, source=opts.node_config)
     report = detect_enforcement(
         state.inventory,
         simulated=opts.simulated,
