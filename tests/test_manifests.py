@@ -17,6 +17,7 @@ Regenerate the rendered manifests after changing the chart:
 
 from __future__ import annotations
 
+import argparse
 import re
 import shlex
 import subprocess
@@ -89,6 +90,10 @@ VALUE_VARIANTS: dict[str, list[str]] = {
         'policies.claimParametersActions=["Warn","Audit"]',
         "--set-json",
         'computeModes=["sm-sharing"]',
+        "--set",
+        "mps.smSharingComputeMode=DEFAULT",
+        "--set",
+        "mps.timeSlicingComputeMode=DEFAULT",
     ],
     "off": [
         "--set",
@@ -276,6 +281,14 @@ def test_toggles_remove_objects() -> None:
             'nodeConfig.defaults.fractionModel "products" is not in fractionModels',
         ),
         (["--set", "metricsPort=0"], "metricsPort must be > 0"),
+        (
+            ["--set", "mps.smSharingComputeMode=EXCLUSIVE"],
+            'mps.smSharingComputeMode: unknown NVML compute mode "EXCLUSIVE"',
+        ),
+        (
+            ["--set", "mps.timeSlicingComputeMode=default"],
+            'mps.timeSlicingComputeMode: unknown NVML compute mode "default"',
+        ),
     ],
 )
 def test_chart_rejects_bad_values(args: list[str], message: str) -> None:
@@ -397,6 +410,8 @@ def test_daemonset_arguments_parse_with_the_cli() -> None:
     assert args.gpus == "nvml"
     assert args.metrics_port == 8080
     assert (args.log_level, args.log_format) == ("info", "json")
+    assert args.sm_sharing_compute_mode == "EXCLUSIVE_PROCESS"
+    assert args.time_slicing_compute_mode == "EXCLUSIVE_PROCESS"
     # Every path the plugin uses is a mounted volume.
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
     volumes = {v["name"]: v for v in one(objs, "DaemonSet")["spec"]["template"]["spec"]["volumes"]}
@@ -463,6 +478,8 @@ def test_custom_values_reach_the_daemonset() -> None:
     argv = [a.replace("$(NODE_NAME)", "n").replace("$(POD_UID)", "u") for a in c["args"]]
     args = _parser().parse_args(["kubelet-plugin", *argv])
     assert (args.driver, args.gpus) == ("gpu.example.org", "simulated:H200x8")
+    assert args.sm_sharing_compute_mode == "DEFAULT"
+    assert args.time_slicing_compute_mode == "DEFAULT"
     assert c["image"] == "ghcr.io/example/gpu-fraction-dra@sha256:" + "a" * 64
     assert pod["hostPID"] is False and pod["runtimeClassName"] == "nvidia"
     assert "/sys/fs/cgroup" not in {m["mountPath"] for m in c["volumeMounts"]}
@@ -488,7 +505,7 @@ def test_cluster_role_is_least_privilege() -> None:
         ("resource.k8s.io", "resourceslices", v, ()) for v in ("get", "list", "watch", *writes)
     }
     expected |= {("resource.k8s.io", "resourceclaims", "get", ()), ("", "nodes", "get", ())}
-    expected |= {(g, "events", v, ()) for g in ("", "events.k8s.io") for v in ("create", "patch")}
+    # No events: the plugin creates none (the kubelet reports prepare failures on the pod).
     assert rules(rendered_objects()) == expected
     with_status = rules(rendered_objects("--set", "rbac.claimDeviceStatus=true"))
     assert with_status - expected == {
@@ -599,6 +616,35 @@ def test_example_scenarios() -> None:
     assert '.memoryEnforcement == "hard"' in expr
 
 
+# A claim served on several GPUs gets one MPS server: its GPUs need one compute mode, one
+# enforcement tier and equal memory limits (docs/user-guide.md, "Several GPUs in one claim").
+SAME_ON_EVERY_GPU = {
+    f"{DEFAULT_DRIVER_NAME}/{name}" for name in ("productName", "gpuMemory", "memoryEnforcement")
+}
+
+
+def test_multi_gpu_examples_keep_their_gpus_alike() -> None:
+    """Every example request for several devices constrains them to GPUs of one product,
+    memory size and tier (the class fixes the compute mode), so portion-based limits are
+    equal and the MPS enforcer does not refuse the claim."""
+    checked = 0
+    for path in example_files():
+        for t in of_kind(file_docs(path), "ResourceClaimTemplate"):
+            devices = t["spec"]["spec"]["devices"]
+            for req in devices["requests"]:
+                if req["exactly"].get("count", 1) < 2:
+                    continue
+                checked += 1
+                matched = {
+                    c["matchAttribute"]
+                    for c in devices.get("constraints", [])
+                    if "matchAttribute" in c and req["name"] in c.get("requests", [req["name"]])
+                }
+                missing = SAME_ON_EVERY_GPU - matched
+                assert not missing, f"{path.name}: request {req['name']} lacks {missing}"
+    assert checked >= 2
+
+
 @pytest.mark.parametrize("path", invalid_files(), ids=lambda p: p.stem)
 def test_invalid_examples_are_rejected_by_the_plugin_too(path: Path) -> None:
     """Each invalid example breaks one rule; the plugin's parser agrees, except for the limit
@@ -617,6 +663,26 @@ def test_there_are_invalid_examples_for_every_rule() -> None:
     assert len(invalid_files()) >= 10
     kinds = {file_docs(p)[0]["kind"] for p in invalid_files()}
     assert kinds == {"ResourceClaim", "ResourceClaimTemplate"}
+
+
+# --- docs -------------------------------------------------------------------------------------
+
+
+def test_every_kubelet_plugin_flag_is_documented() -> None:
+    """docs/admin-guide.md, "Plugin flags", names every flag of ``dra-driver kubelet-plugin``."""
+    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    flags = [
+        option
+        for action in sub.choices["kubelet-plugin"]._actions
+        for option in action.option_strings
+        if option.startswith("--") and option != "--help"
+    ]
+    text = (ROOT / "docs" / "admin-guide.md").read_text()
+    assert "\n## Plugin flags\n" in text
+    section = text.split("\n## Plugin flags\n", 1)[1].split("\n## ", 1)[0]
+    missing = [f for f in flags if f"`{f}" not in section]
+    assert not missing, f"docs/admin-guide.md, Plugin flags, lacks {missing}"
+    assert "--sm-sharing-compute-mode" in flags
 
 
 # --- Dockerfile -------------------------------------------------------------------------------

@@ -110,6 +110,12 @@ app.kubernetes.io/component: kubelet-plugin
 {{- if not (has $model .Values.fractionModels) -}}
 {{- fail (printf "nodeConfig.defaults.fractionModel %q is not in fractionModels %v" $model .Values.fractionModels) -}}
 {{- end -}}
+{{- range $key := list "smSharingComputeMode" "timeSlicingComputeMode" -}}
+{{- $mode := index $.Values.mps $key -}}
+{{- if not (has $mode (list "EXCLUSIVE_PROCESS" "DEFAULT")) -}}
+{{- fail (printf "mps.%s: unknown NVML compute mode %q (known: EXCLUSIVE_PROCESS, DEFAULT)" $key $mode) -}}
+{{- end -}}
+{{- end -}}
 {{- if not (gt (int .Values.metricsPort) 0) -}}
 {{- fail "metricsPort must be > 0: the probes use the metrics endpoint" -}}
 {{- end -}}
