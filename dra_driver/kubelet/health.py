@@ -12,14 +12,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import grpc
-
-from dra_driver._proto import health_v1_pb2 as h1
-from dra_driver._proto import health_v1_pb2_grpc as h1_grpc
-from dra_driver._proto import health_v1alpha1_pb2 as h1a1
-from dra_driver._proto import health_v1alpha1_pb2_grpc as h1a1_grpc
 
 HEALTH_TIMEOUT_SECONDS = 60
 """How long the kubelet trusts one report; we resend well within it."""
@@ -58,39 +54,22 @@ def _stream(
         stop.wait(interval)
 
 
-class HealthV1Servicer(h1_grpc.DRAResourceHealthServicer):
-    """``v1.DRAResourceHealth``."""
+class HealthServicer:
+    """``DRAResourceHealth`` of one version (``pb``: ``health_v1_pb2`` or
+    ``health_v1alpha1_pb2``; the messages are the same)."""
 
     def __init__(
         self,
+        pb: ModuleType,
         pool: str,
         health: Callable[[], Mapping[str, DeviceStatus]],
         stop: threading.Event,
         interval: float = 20.0,
     ) -> None:
-        self._args = (pool, health, stop, interval)
+        self._args = (pb, pool, health, stop, interval)
 
     def NodeWatchResources(  # noqa: N802
-        self, request: h1.NodeWatchResourcesRequest, context: grpc.ServicerContext
-    ) -> Iterator[h1.NodeWatchResourcesResponse]:
+        self, request: Any, context: grpc.ServicerContext
+    ) -> Iterator[Any]:
         """Stream the full device list every ``interval`` seconds until cancelled."""
-        yield from _stream(h1, *self._args, context)
-
-
-class HealthV1alpha1Servicer(h1a1_grpc.DRAResourceHealthServicer):
-    """``v1alpha1.DRAResourceHealth``."""
-
-    def __init__(
-        self,
-        pool: str,
-        health: Callable[[], Mapping[str, DeviceStatus]],
-        stop: threading.Event,
-        interval: float = 20.0,
-    ) -> None:
-        self._args = (pool, health, stop, interval)
-
-    def NodeWatchResources(  # noqa: N802
-        self, request: h1a1.NodeWatchResourcesRequest, context: grpc.ServicerContext
-    ) -> Iterator[h1a1.NodeWatchResourcesResponse]:
-        """Stream the full device list every ``interval`` seconds until cancelled."""
-        yield from _stream(h1a1, *self._args, context)
+        yield from _stream(*self._args, context)

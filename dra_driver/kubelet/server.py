@@ -19,13 +19,15 @@ import structlog
 from dra_driver._proto import (
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2_grpc,
+    health_v1_pb2,
     health_v1_pb2_grpc,
+    health_v1alpha1_pb2,
     health_v1alpha1_pb2_grpc,
     registration_pb2_grpc,
 )
 from dra_driver.driver import Driver
-from dra_driver.kubelet.dra import DraV1beta1Servicer, DraV1Servicer
-from dra_driver.kubelet.health import DeviceStatus, HealthV1alpha1Servicer, HealthV1Servicer
+from dra_driver.kubelet.dra import v1_servicer, v1beta1_servicer
+from dra_driver.kubelet.health import DeviceStatus, HealthServicer
 from dra_driver.kubelet.registration import RegistrationServicer
 
 log = structlog.get_logger(__name__)
@@ -74,13 +76,15 @@ class PluginServer:
         self.paths = paths
         self._stop = threading.Event()
         self._dra = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-        dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraV1Servicer(driver), self._dra)
-        dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DraV1beta1Servicer(driver), self._dra)
+        dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(v1_servicer(driver), self._dra)
+        dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(v1beta1_servicer(driver), self._dra)
         health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-            HealthV1Servicer(driver.pool, health, self._stop, health_interval), self._dra
+            HealthServicer(health_v1_pb2, driver.pool, health, self._stop, health_interval),
+            self._dra,
         )
         health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-            HealthV1alpha1Servicer(driver.pool, health, self._stop, health_interval), self._dra
+            HealthServicer(health_v1alpha1_pb2, driver.pool, health, self._stop, health_interval),
+            self._dra,
         )
         self.registration = RegistrationServicer(
             driver.driver_name, str(paths.dra), on_rejected=self._schedule_reregister
