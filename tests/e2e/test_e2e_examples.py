@@ -1,0 +1,135 @@
+"""End to end, the shipped examples (manifests/examples): each example's DeviceClass and
+ResourceClaimTemplate are applied as shipped, a pod built from its workload's pod template is
+placed by the real scheduler on a simulated node, and the plugin prepares its claim.
+
+The workload's pod template is used as is except for the image (a pause image: nothing runs
+here) and a node selector pinning it to this test's node; the quota example is applied and
+enforced as shipped."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+pytest.register_assert_rewrite("plugin_fixtures")
+from plugin_fixtures import E2E, GpuNode, check_prepared, raw, wait_for  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+pytest_plugins = ["plugin_fixtures"]
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
+WORKLOADS = ("Deployment", "Job", "Pod", "StatefulSet")
+# GPUs 0-3: products, time-slicing (defaults); GPUs 4-7: capacity model, sm-sharing.
+NODE_CONFIG = {
+    "gpus": [
+        {"selector": {"index": i}, "fractionModel": "capacity", "computeMode": "sm-sharing"}
+        for i in range(4, 8)
+    ]
+}
+EXAMPLE_FILES = sorted(p.name for p in EXAMPLES.glob("*.yaml") if not p.name.startswith("quota"))
+
+
+def docs(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((EXAMPLES / name).read_text()) if d]
+
+
+def pod_template(workload: dict[str, Any]) -> dict[str, Any]:
+    if workload["kind"] == "Pod":
+        return {"metadata": workload.get("metadata", {}), "spec": workload["spec"]}
+    template: dict[str, Any] = workload["spec"]["template"]
+    return template
+
+
+def run_pod(e2e: E2E, node: GpuNode, workload: dict[str, Any]) -> str:
+    template = pod_template(workload)
+    spec = dict(template["spec"])
+    spec["nodeSelector"] = {"kubernetes.io/hostname": node.name}
+    spec["containers"] = [
+        {**c, "image": "registry.k8s.io/pause:3.10", "command": None, "args": None}
+        for c in spec["containers"]
+    ]
+    spec.pop("restartPolicy", None)
+    name = workload["metadata"]["name"]
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+    e2e.core.create_namespaced_pod(e2e.namespace, k8s.V1Pod.from_dict(body))
+    return name
+
+
+@pytest.fixture
+def example_node(e2e: E2E) -> GpuNode:
+    return e2e.start_node("simulated:H200x8", node_config=NODE_CONFIG)
+
+
+@pytest.mark.parametrize("example", EXAMPLE_FILES)
+def test_example_is_allocated_and_prepared(e2e: E2E, example_node: GpuNode, example: str) -> None:
+    classes: list[str] = []
+    workloads: list[dict[str, Any]] = []
+    try:
+        for doc in docs(example):
+            if doc["kind"] == "DeviceClass":
+                with contextlib.suppress(ApiException):
+                    e2e.res.delete_device_class(doc["metadata"]["name"])
+                e2e.res.create_device_class(k8s.V1DeviceClass.from_dict(doc))
+                classes.append(doc["metadata"]["name"])
+            elif doc["kind"] == "ResourceClaimTemplate":
+                e2e.res.create_namespaced_resource_claim_template(
+                    e2e.namespace, k8s.V1ResourceClaimTemplate.from_dict(doc)
+                )
+            elif doc["kind"] in WORKLOADS:
+                workloads.append(doc)
+        assert workloads, f"{example} has no workload"
+        for workload in workloads:
+            pod = run_pod(e2e, example_node, workload)
+            e2e.wait_running(pod, timeout=60)
+            for ref in pod_template(workload)["spec"]["resourceClaims"]:
+                prepared = check_prepared(e2e, example_node, pod, ref["name"])
+                gpus = {r["device"].split("-")[1] for r in prepared.results}
+                assert len(gpus) == len(prepared.results) or len(prepared.results) == 1
+    finally:
+        for name in classes:
+            with contextlib.suppress(ApiException):
+                e2e.res.delete_device_class(name)
+
+
+def test_quota_example_admits_four_quarters_and_refuses_the_fifth(e2e: E2E) -> None:
+    [quota] = docs("quota-four-quarters.yaml")
+    e2e.core.create_namespaced_resource_quota(e2e.namespace, k8s.V1ResourceQuota.from_dict(quota))
+    name = quota["metadata"]["name"]
+    wait_for(
+        "quota status",
+        lambda: (
+            raw(
+                e2e.core.read_namespaced_resource_quota(name, e2e.namespace, _preload_content=False)
+            )
+            .get("status", {})
+            .get("hard")
+        ),
+    )
+
+    def claim(i: int) -> Any:
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": f"q{i}"},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu-quarter"}}]
+                }
+            },
+        }
+        return e2e.res.create_namespaced_resource_claim(
+            e2e.namespace, k8s.ResourceV1ResourceClaim.from_dict(body)
+        )
+
+    for i in range(4):
+        claim(i)
+    with pytest.raises(ApiException) as refused:
+        claim(4)
+    assert refused.value.status == 403
+    assert "exceeded quota" in str(refused.value.body)
