@@ -291,7 +291,7 @@ class E2E:
             return standin.registry.plugin(DRIVER) is not None
 
         wait_for(f"plugin registration on {name}", registered, timeout=30, every=0.1)
-        wait_for(f"ResourceSlices of {name}", lambda: self.slices(name), timeout=30)
+        wait_for(f"ResourceSlices of {name}", lambda: pool_complete(self.slices(name)), timeout=30)
         standin.wait_node_schedulable(timeout=60)
         return node
 
@@ -581,6 +581,19 @@ def cdi_validator() -> Any:
     from tests.test_cdi import validator
 
     return validator()
+
+
+def pool_complete(slices: list[dict[str, Any]]) -> bool:
+    """Whether ``slices`` are a whole pool: as many as ``resourceSliceCount``, one generation.
+
+    The plugin writes a pool's slices one by one, so a reader can see part of a pool.
+    """
+    if not slices:
+        return False
+    pools = {
+        (s["spec"]["pool"]["generation"], s["spec"]["pool"]["resourceSliceCount"]) for s in slices
+    }
+    return len(pools) == 1 and len(slices) == next(iter(pools))[1]
 
 
 def slice_devices(slices: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -22,6 +22,7 @@ from plugin_fixtures import (  # noqa: E402
     attr,
     cdi_env,
     check_prepared,
+    pool_complete,
     slice_devices,
     wait_for,
 )
@@ -137,7 +138,7 @@ def test_standin_restart_unprepares_pods_deleted_meanwhile(e2e: E2E) -> None:
     assert keep.spec_path.exists()
     assert set(node.standin.prepared_claims()) == {keep.uid}
     # A restarting kubelet wipes the node's slices; the plugin publishes them again.
-    wait_for("slices republished", lambda: e2e.slices(node.name), timeout=15)
+    wait_for("slices republished", lambda: pool_complete(e2e.slices(node.name)), timeout=15)
 
 
 def test_deleted_slices_come_back_at_once(e2e: E2E) -> None:
