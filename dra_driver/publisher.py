@@ -276,10 +276,6 @@ class SlicePublisher:
                 log.debug("resource slices up to date", node=self.node)
             return result
 
-    def withdraw(self) -> PublishResult:
-        """Delete every slice of this node and driver (for uninstall; a restart needs none)."""
-        return self.publish([])
-
     def run(
         self,
         stop_event: threading.Event,

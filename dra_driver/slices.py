@@ -61,18 +61,13 @@ RESOURCE_API_VERSION = "resource.k8s.io/v1"
 ENFORCEMENT_LEVELS = ("hard", "cooperative", "none")
 """Values of the ``memoryEnforcement`` attribute (see DESIGN.md, "Memory enforcement")."""
 
-MAX_DEVICES_PER_SLICE = 128
-"""Devices per slice when no device uses counters, taints or multiple allocations."""
-
 MAX_DEVICES_PER_SLICE_ADVANCED = 64
 """Devices per slice when a device consumes counters, has taints or allows multiple allocations
-(we always publish at most this many)."""
+(Kubernetes allows 128 otherwise; every device here consumes counters or allows multiple
+allocations, so 64 always applies)."""
 
 MAX_COUNTER_SETS_PER_SLICE = 8
 """Counter sets per ResourceSlice."""
-
-MAX_ATTRIBUTES_AND_CAPACITIES = 32
-"""Attributes plus capacities per device."""
 
 MAX_ATTRIBUTE_VALUE_LENGTH = 64
 """Longest string or version attribute value."""

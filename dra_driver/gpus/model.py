@@ -73,10 +73,6 @@ class Inventory:
     gpus: tuple[Gpu, ...]
     skipped: tuple[SkippedGpu, ...] = ()
 
-    def by_uuid(self, uuid: str) -> Gpu | None:
-        """Return the GPU with this UUID, or None when it is not (or no longer) present."""
-        return next((g for g in self.gpus if g.uuid == uuid), None)
-
 
 class GpuSource(Protocol):
     """Anything that can list the node's GPUs (NVML or a simulated inventory)."""

@@ -57,10 +57,6 @@ class NvmlFacade(Protocol):
         """Set the compute mode (root; not persistent across driver reloads)."""
         ...
 
-    def memory_info(self, uuid: str) -> tuple[int, int]:
-        """``(total, used)`` device memory in bytes."""
-        ...
-
     def cgroup_memory(self, uuid: str, cgroup: str) -> CgroupMemory:
         """Soft/hard limit and current use of ``cgroup`` (a directory path) on the GPU."""
         ...
@@ -128,11 +124,6 @@ class PynvmlFacade:
         if mode not in COMPUTE_MODES:
             raise NvmlError(f"unknown compute mode {mode!r}")
         self._call(self._nv.nvmlDeviceSetComputeMode, self._handle(uuid), COMPUTE_MODES.index(mode))
-
-    def memory_info(self, uuid: str) -> tuple[int, int]:
-        """See :meth:`NvmlFacade.memory_info`."""
-        info = self._call(self._nv.nvmlDeviceGetMemoryInfo, self._handle(uuid))
-        return int(info.total), int(info.used)
 
     def cgroup_memory(self, uuid: str, cgroup: str) -> CgroupMemory:
         """See :meth:`NvmlFacade.cgroup_memory`."""

@@ -506,10 +506,6 @@ class FakeNvml:
             raise NvmlError("nvmlDeviceSetComputeMode: Insufficient Permissions")
         self._gpu(uuid).compute_mode = mode
 
-    def memory_info(self, uuid: str) -> tuple[int, int]:
-        g = self._gpu(uuid)
-        return g.total, g.used
-
     def cgroup_memory(self, uuid: str, cgroup: str) -> CgroupMemory:
         self._gpu(uuid)
         return self.cgroups.get((uuid, cgroup), CgroupMemory(0, UNLIMITED, 0))
