@@ -19,6 +19,6 @@ def validate_uid(uid: str) -> str:
     Raises:
         PrepareError: when the UID is malformed.
     """
-    if not _UID.match(uid):
+    if not _UID.fullmatch(uid):
         raise PrepareError(f"claim UID {uid!r} is not a Kubernetes UID")
     return uid

@@ -192,6 +192,9 @@ class MpsEnforcer:
                     applied.inodes[t.gpu.uuid] = _inode(done[key])
             except _EFFECT_ERRORS as exc:
                 bound.error("MPS enforcement failed; claim rolled back", error=str(exc))
+                if previous is not None:
+                    # Its container still runs: keep retrying it (check_health).
+                    self._pending[ref.uid] = plan
                 self._teardown(targets + (previous.targets if previous else ()))
                 raise MpsError(f"claim {ref.namespace}/{ref.name}: {exc}") from exc
             self._claims[ref.uid] = applied
@@ -252,6 +255,7 @@ class MpsEnforcer:
             for uid in [u for u in self._claims if u not in wanted]:
                 del self._claims[uid]
             self._pending = {u: p for u, p in self._pending.items() if u in wanted}
+            self._pending.update({p.claim.uid: p for p in plans if p.claim.uid not in self._claims})
             self._remove_orphans(wanted)
             for plan in plans:
                 try:
@@ -363,6 +367,21 @@ class MpsEnforcer:
         return [
             t for a in self._claims.values() for t in a.targets if t.uses_mps and t.mode == mode
         ]
+
+    def _wanted_targets(self) -> list[FractionTarget]:
+        """MPS targets of every claim that should be enforced: applied ones and pending ones
+        (not yet re-applied after a restart or a failure). Servers and daemons they use are
+        never retired, so one claim's rollback cannot tear down another's namespace."""
+        wanted = [t for a in self._claims.values() for t in a.targets if t.uses_mps]
+        for plan in self._pending.values():
+            try:
+                targets = plan_targets(
+                    plan, self.tiers, self.options.default_active_thread_percentage
+                )
+            except MpsError:
+                continue
+            wanted.extend(t for t in targets if t.uses_mps)
+        return wanted
 
     def _ensure(self, t: FractionTarget) -> str:
         daemon = self.daemons[t.mode]
@@ -542,7 +561,7 @@ class MpsEnforcer:
 
     def _idle(self, targets: Sequence[FractionTarget]) -> None:
         """Delete shared servers, reset compute modes and stop daemons no claim needs any more."""
-        users = [o for a in self._claims.values() for o in a.targets if o.uses_mps]
+        users = self._wanted_targets()
         seen: dict[tuple[str, str], Gpu] = {}
         for t in targets:
             if t.uses_mps:
@@ -557,7 +576,7 @@ class MpsEnforcer:
             except _EFFECT_ERRORS as exc:
                 log.error("retiring MPS server failed", gpu=uuid, error=str(exc))
         for mode, daemon in self.daemons.items():
-            if any(t.mode == mode for t in targets) and not self._mode_targets(mode):
+            if any(t.mode == mode for t in targets) and not any(u.mode == mode for u in users):
                 daemon.stop()
 
     def _delete_shared_server(self, gpu: Gpu, mode: str) -> None:

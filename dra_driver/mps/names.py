@@ -35,7 +35,7 @@ def check_name(name: str) -> str:
     Raises:
         MpsError: when it has characters outside ``[a-z0-9_]`` or is longer than 64.
     """
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise MpsError(f"MPS name {name!r} must be 1-64 characters of [a-z0-9_]")
     return name
 
