@@ -65,3 +65,30 @@ def test_failed_reapply_with_a_changed_plan_keeps_the_claim_pending(tmp_path: Pa
 def test_uid_with_a_trailing_newline_is_refused() -> None:
     with pytest.raises(PrepareError):
         validate_uid(A + "\n")
+
+
+def test_restore_of_a_claim_whose_gpu_is_gone_stays_pending(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    g = node.gpus[0]
+    pa = plan(device(g, 10 * GIB), uid=A)
+    node.enforcer.apply(pa)
+    node.tiers.pop(g.uuid)  # the GPU is not in the inventory after the restart
+    restarted = node.new_enforcer()
+    restarted.restore([pa])
+    assert list(restarted._pending) == [A]
+    health = restarted.check_health()  # still pending, retried, never "enforced as none"
+    assert list(restarted._pending) == [A]
+    assert A not in restarted._claims
+    assert g.uuid not in health or not health[g.uuid].healthy
+
+
+def test_failed_compute_mode_restore_is_retried_by_health_checks(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    g = node.gpus[0]
+    node.enforcer.apply(plan(device(g, 10 * GIB), uid=A))
+    node.nvml.fail_set_compute_mode = True
+    node.enforcer.release(A)
+    assert node.nvml.gpus[g.uuid].compute_mode == "EXCLUSIVE_PROCESS"
+    node.nvml.fail_set_compute_mode = False
+    node.enforcer.check_health()
+    assert node.nvml.gpus[g.uuid].compute_mode == "DEFAULT"

@@ -169,6 +169,13 @@ class MpsEnforcer:
         with self._lock:
             ref = plan.claim
             bound = log.bind(claim_uid=ref.uid, namespace=ref.namespace, name=ref.name)
+            gone = sorted({d.gpu.uuid for d in plan.devices if d.gpu.uuid not in self.tiers})
+            if gone:
+                # Not "tier none": the claim's container may still run with an MPS mount.
+                raise MpsError(
+                    f"claim {ref.namespace}/{ref.name}: GPU(s) {', '.join(gone)} not on this "
+                    "node (any more)"
+                )
             targets = plan_targets(plan, self.tiers, self.options.default_active_thread_percentage)
             check_mode_conflicts(
                 ref.uid, targets, ((uid, a.targets) for uid, a in self._claims.items())
@@ -325,6 +332,7 @@ class MpsEnforcer:
                         continue
                     self._note_pipe(t, result, bound)
                     health.setdefault(t.gpu.uuid, GpuHealth(t.gpu.uuid, True))
+            self._reset_compute_modes()  # retry restores that failed while the plugin runs
             return health
 
     def supervise(self, stop: threading.Event, interval: float = 10.0) -> None:
@@ -621,7 +629,7 @@ class MpsEnforcer:
         markers = self.options.mps_root / "compute-mode"
         if not markers.is_dir():
             return
-        used = {t.gpu.uuid for t in self.targets() if t.uses_mps}
+        used = {t.gpu.uuid for t in self._wanted_targets()}
         for marker in sorted(markers.iterdir()):
             if marker.name not in used:
                 self._restore_compute_mode(marker.name)
