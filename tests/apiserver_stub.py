@@ -1,8 +1,9 @@
-"""An HTTP-level stand-in for the ResourceClaim GET of kube-apiserver (unit tests only).
+"""HTTP-level stand-ins for parts of kube-apiserver (unit tests only).
 
-Serves ``GET /apis/resource.k8s.io/v1/namespaces/<ns>/resourceclaims/<name>`` from a dict,
-answering 404 with a Kubernetes ``Status`` body for unknown claims, so the real client code
-(``ApiClaimReader``) runs over real HTTP. End-to-end tests use the real API server instead.
+:class:`ApiStub` serves JSON over real HTTP the way kube-apiserver does (HTTP/1.1 keep-alive,
+TCP_NODELAY, ``Status`` bodies for errors), so the official client's real code runs against
+it; subclasses answer requests in :meth:`ApiStub.handle`. :class:`ClaimServer` serves
+ResourceClaim GETs from a dict. End-to-end tests use the real API server instead.
 """
 
 from __future__ import annotations
@@ -11,43 +12,58 @@ import json
 import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 
 from kubernetes import client as k8s
 
-_PATH = re.compile(r"^/apis/resource\.k8s\.io/v1/namespaces/([^/]+)/resourceclaims/([^/?]+)")
+_CLAIM_PATH = re.compile(r"^/apis/resource\.k8s\.io/v1/namespaces/([^/]+)/resourceclaims/([^/?]+)")
 
 
-class ClaimServer:
-    """Claims by (namespace, name); ``requests`` counts GETs."""
+class StubError(Exception):
+    """Answer the request with a Kubernetes ``Status`` failure."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"{status} {reason}")
+        self.status = status
+        self.reason = reason
+
+
+class ApiStub:
+    """A threaded loopback HTTP server; use as a context manager."""
+
+    def handle(self, method: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """Return ``(status, JSON body)`` for one request, or raise :class:`StubError`."""
+        raise StubError(405, "MethodNotAllowed")
 
     def __init__(self) -> None:
-        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
-        self.requests = 0
-        server = self
+        stub = self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # keep-alive, as kube-apiserver
             disable_nagle_algorithm = True  # TCP_NODELAY, as Go's net/http
 
-            def do_GET(self) -> None:  # noqa: N802
-                server.requests += 1
-                m = _PATH.match(self.path)
-                claim = server.claims.get((m.group(1), m.group(2))) if m else None
-                status = 200 if claim is not None else 404
-                body = claim or {
-                    "kind": "Status",
-                    "apiVersion": "v1",
-                    "status": "Failure",
-                    "reason": "NotFound",
-                    "code": 404,
-                }
-                data = json.dumps(body).encode()
+            def _serve(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length)) if length else {}
+                try:
+                    status, reply = stub.handle(self.command, self.path, body)
+                except StubError as exc:
+                    status = exc.status
+                    reply = {
+                        "kind": "Status",
+                        "apiVersion": "v1",
+                        "status": "Failure",
+                        "reason": exc.reason,
+                        "code": exc.status,
+                    }
+                data = json.dumps(reply).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            do_GET = do_POST = do_PUT = do_DELETE = _serve  # noqa: N815
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -55,7 +71,7 @@ class ClaimServer:
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
 
-    def __enter__(self) -> ClaimServer:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
@@ -64,9 +80,27 @@ class ClaimServer:
         self._httpd.server_close()
 
     def api_client(self) -> k8s.ApiClient:
+        """An official client pointed at this stub."""
         cfg = k8s.Configuration()
         cfg.host = f"http://127.0.0.1:{self._httpd.server_address[1]}"
         return k8s.ApiClient(cfg)
+
+
+class ClaimServer(ApiStub):
+    """ResourceClaims by (namespace, name); ``requests`` counts GETs; unknown ones are 404."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self.requests = 0
+
+    def handle(self, method: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        self.requests += 1
+        m = _CLAIM_PATH.match(path)
+        claim = self.claims.get((m.group(1), m.group(2))) if m and method == "GET" else None
+        if claim is None:
+            raise StubError(404, "NotFound")
+        return 200, claim
 
     def add(self, claim: dict[str, Any]) -> None:
         meta = claim["metadata"]

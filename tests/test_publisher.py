@@ -4,12 +4,10 @@ round trip through the real ``kubernetes.client.ResourceV1Api`` over HTTP to a s
 from __future__ import annotations
 
 import copy
-import json
 import threading
 import urllib.parse
 from collections import Counter
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,6 +20,7 @@ from dra_driver.config import NodeConfig
 from dra_driver.gpus import Inventory, SimulatedGpuSource
 from dra_driver.publisher import PublishError, SlicePublisher, is_retryable, normalize_spec
 from dra_driver.slices import build_slices
+from tests.apiserver_stub import ApiStub, StubError
 
 DRIVER = DEFAULT_DRIVER_NAME
 NODE = "node-a"
@@ -34,12 +33,6 @@ def inventory(spec: str = "simulated:H200x8", node: str = NODE) -> Inventory:
 
 def desired(spec: str = "simulated:H200x8", node: str = NODE, **kw: Any) -> list[dict[str, Any]]:
     return build_slices(inventory(spec, node), NodeConfig(), DRIVER, node, **kw)
-
-
-class StoreError(Exception):
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(f"{status} {reason}")
-        self.status, self.reason = status, reason
 
 
 class Store:
@@ -70,24 +63,24 @@ class Store:
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         if obj["metadata"]["name"] in self.objects:
-            raise StoreError(409, "AlreadyExists")
+            raise StubError(409, "AlreadyExists")
         return self._stamp(copy.deepcopy(obj))
 
     def replace(self, name: str, obj: dict[str, Any]) -> dict[str, Any]:
         old = self.objects.get(name)
         if old is None:
-            raise StoreError(404, "NotFound")
+            raise StubError(404, "NotFound")
         if obj["metadata"].get("resourceVersion") != old["metadata"]["resourceVersion"]:
-            raise StoreError(409, "Conflict")
+            raise StubError(409, "Conflict")
         if obj["spec"]["pool"]["name"] != old["spec"]["pool"]["name"]:
-            raise StoreError(422, "Invalid: spec.pool.name is immutable")
+            raise StubError(422, "Invalid: spec.pool.name is immutable")
         obj = copy.deepcopy(obj)
         obj["metadata"]["uid"] = old["metadata"]["uid"]
         return self._stamp(obj)
 
     def delete(self, name: str) -> dict[str, Any]:
         if name not in self.objects:
-            raise StoreError(404, "NotFound")
+            raise StubError(404, "NotFound")
         return self.objects.pop(name)
 
 
@@ -113,7 +106,7 @@ class FakeResourceV1Api:
             raise self.failures[method].pop(0)
         try:
             return fn()
-        except StoreError as exc:
+        except StubError as exc:
             raise ApiException(status=exc.status, reason=exc.reason) from None
 
     def list_resource_slice(self, *, field_selector: str) -> Any:
@@ -453,80 +446,35 @@ def test_default_backoff_wait_is_interrupted_by_stop() -> None:
 # --- the real client over HTTP -------------------------------------------------------------
 
 
-class SliceServer:
+class SliceServer(ApiStub):
     """Serves resource.k8s.io/v1 ResourceSlice list/create/replace/delete from a Store."""
 
     PREFIX = "/apis/resource.k8s.io/v1/resourceslices"
 
     def __init__(self) -> None:
+        super().__init__()
         self.store = Store()
         self.methods: Counter[str] = Counter()
-        server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def _reply(self, status: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _handle(self, method: str) -> None:
-                server.methods[method] += 1
-                url = urllib.parse.urlsplit(self.path)
-                name = url.path[len(SliceServer.PREFIX) + 1 :] or None
-                length = int(self.headers.get("Content-Length") or 0)
-                body: dict[str, Any] = json.loads(self.rfile.read(length)) if length else {}
-                try:
-                    if method == "GET" and name is None:
-                        query = urllib.parse.parse_qs(url.query)
-                        selector = query.get("fieldSelector", [""])[0]
-                        items = server.store.list(selector)
-                        out = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList"}
-                        self._reply(200, {**out, "metadata": {}, "items": items})
-                    elif method == "POST":
-                        self._reply(201, server.store.create(body))
-                    elif method == "PUT" and name:
-                        self._reply(200, server.store.replace(name, body))
-                    elif method == "DELETE" and name:
-                        self._reply(200, server.store.delete(name))
-                    else:
-                        raise StoreError(405, "MethodNotAllowed")
-                except StoreError as exc:
-                    status = {"kind": "Status", "apiVersion": "v1", "status": "Failure"}
-                    self._reply(exc.status, {**status, "reason": exc.reason, "code": exc.status})
-
-            def do_GET(self) -> None:  # noqa: N802
-                self._handle("GET")
-
-            def do_POST(self) -> None:  # noqa: N802
-                self._handle("POST")
-
-            def do_PUT(self) -> None:  # noqa: N802
-                self._handle("PUT")
-
-            def do_DELETE(self) -> None:  # noqa: N802
-                self._handle("DELETE")
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self) -> SliceServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def handle(self, method: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        self.methods[method] += 1
+        url = urllib.parse.urlsplit(path)
+        name = url.path[len(SliceServer.PREFIX) + 1 :] or None
+        if method == "GET" and name is None:
+            query = urllib.parse.parse_qs(url.query)
+            items = self.store.list(query.get("fieldSelector", [""])[0])
+            out = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList"}
+            return 200, {**out, "metadata": {}, "items": items}
+        if method == "POST":
+            return 201, self.store.create(body)
+        if method == "PUT" and name:
+            return 200, self.store.replace(name, body)
+        if method == "DELETE" and name:
+            return 200, self.store.delete(name)
+        raise StubError(405, "MethodNotAllowed")
 
     def api(self) -> Any:
-        cfg = k8s.Configuration()
-        cfg.host = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        return k8s.ResourceV1Api(k8s.ApiClient(cfg))
+        return k8s.ResourceV1Api(self.api_client())
 
 
 def test_real_client_round_trip() -> None:
