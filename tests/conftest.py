@@ -28,12 +28,13 @@ from dra_driver.locking import PrepareLock
 from dra_driver.mps import RecordingEnforcer
 from dra_driver.slices import FractionDevice, plan_devices
 from tests.apiserver_stub import ClaimServer
+from tests.nodedirs import NodeDirs
 
 NODE = "node-a"
 
 
 @dataclass
-class Node:
+class Node(NodeDirs):
     """Directories, the simulated inventory and what the kubelet would see."""
 
     root: Path
@@ -48,22 +49,6 @@ class Node:
     def health(self) -> dict[str, DeviceStatus]:
         """What the plugin reports: devices that vanished from ``devices`` are unhealthy."""
         return device_health(self.devices, self.seen, self.unhealthy_gpus)
-
-    @property
-    def cdi_root(self) -> Path:
-        return self.root / "cdi"
-
-    @property
-    def state_dir(self) -> Path:
-        return self.root / "state"
-
-    @property
-    def plugin_dir(self) -> Path:
-        return self.root / "plugins"
-
-    @property
-    def registry_dir(self) -> Path:
-        return self.root / "registry"
 
     def driver(self, boot_id: str = "boot-1") -> Driver:
         d = Driver(

@@ -42,6 +42,7 @@ if str(REPO / "hack") not in sys.path:
 import kubelet_standin  # noqa: E402
 
 from dra_driver import DEFAULT_DRIVER_NAME  # noqa: E402
+from tests.nodedirs import NodeDirs  # noqa: E402
 
 DRIVER = DEFAULT_DRIVER_NAME
 DEVICE_CLASS_DIR = REPO / "manifests" / "deviceclasses"
@@ -117,7 +118,7 @@ def device_classes(kube: k8s.ApiClient) -> Iterator[list[str]]:
 
 
 @dataclass
-class GpuNode:
+class GpuNode(NodeDirs):
     """A simulated GPU node: the stand-in (thread) plus the plugin (subprocess)."""
 
     name: str
@@ -128,22 +129,6 @@ class GpuNode:
     node_config: Path | None = None
     plugin_args: list[str] = field(default_factory=list)
     plugin: subprocess.Popen[bytes] | None = None
-
-    @property
-    def registry_dir(self) -> Path:
-        return self.root / "registry"
-
-    @property
-    def plugin_dir(self) -> Path:
-        return self.root / "plugins"
-
-    @property
-    def cdi_root(self) -> Path:
-        return self.root / "cdi"
-
-    @property
-    def state_dir(self) -> Path:
-        return self.root / "state"
 
     @property
     def log_path(self) -> Path:
