@@ -42,6 +42,22 @@ class Mount:
 
 
 @dataclass(frozen=True)
+class DeviceNode:
+    """A device node for the container: ``path`` inside it, ``host_path`` where the runtime
+    finds it (None: the same path; a simulated node keeps its nodes elsewhere)."""
+
+    path: str
+    host_path: str | None = None
+
+    def to_json(self) -> dict[str, str]:
+        """The CDI ``deviceNodes`` entry (``hostPath`` needs cdiVersion 0.5.0)."""
+        out = {"path": self.path}
+        if self.host_path is not None and self.host_path != self.path:
+            out["hostPath"] = self.host_path
+        return out
+
+
+@dataclass(frozen=True)
 class Hook:
     """An OCI hook run by the runtime (e.g. ``createRuntime`` for memory limits)."""
 
@@ -56,7 +72,7 @@ class ContainerEdits:
     """CDI containerEdits for one device: env (``NAME=value``), device nodes, mounts, hooks."""
 
     env: tuple[str, ...] = ()
-    device_nodes: tuple[str, ...] = ()
+    device_nodes: tuple[DeviceNode, ...] = ()
     mounts: tuple[Mount, ...] = ()
     hooks: tuple[Hook, ...] = ()
 
@@ -66,7 +82,7 @@ class ContainerEdits:
         if self.env:
             out["env"] = list(self.env)
         if self.device_nodes:
-            out["deviceNodes"] = [{"path": p} for p in self.device_nodes]
+            out["deviceNodes"] = [n.to_json() for n in self.device_nodes]
         if self.mounts:
             out["mounts"] = [
                 {

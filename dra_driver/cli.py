@@ -78,6 +78,19 @@ def _parser() -> argparse.ArgumentParser:
         default="/usr/bin/nvidia-cdi-hook",
         help="host path of the NVIDIA container toolkit's CDI hook (hard enforcement tier)",
     )
+    p.add_argument(
+        "--simulation-root",
+        default="",
+        help="simulated GPUs only: where the node's device nodes and the recording hook are "
+        "created (a host path, the same inside the plugin's container; default: "
+        "<state-dir>/simulated)",
+    )
+    p.add_argument(
+        "--simulated-cdi-hook",
+        default="",
+        help="simulated GPUs only: path of the recording stand-in for nvidia-cdi-hook that the "
+        "hard tier's specs name (default: <simulation-root>/bin/nvidia-cdi-hook)",
+    )
     p.add_argument("--driver-root", default="/", help="host root of the NVIDIA driver files")
     p.add_argument("--host-root", default="/", help="where the host's / is visible (detection)")
     p.add_argument(
@@ -169,6 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics_port=args.metrics_port,
         publish_interval=args.publish_interval,
         host_root=args.host_root,
+        simulation_root=args.simulation_root,
+        simulated_cdi_hook=args.simulated_cdi_hook,
         mps=MpsOptions(
             root=args.mps_root,
             control_binary=args.mps_control,

@@ -100,6 +100,8 @@ class Driver:
         state_dir: holds ``checkpoint.json``.
         lock: the Prepare/Unprepare lock shared with other plugin instances.
         boot_id: the node's boot ID (a different one resets the checkpoint).
+        device_root: host directory holding the ``dev/nvidia*`` nodes that CDI specs name
+            (``/`` on a real node; a simulated node's simulation root).
     """
 
     def __init__(
@@ -115,6 +117,7 @@ class Driver:
         lock: PrepareLock,
         boot_id: str,
         metrics: Metrics | None = None,
+        device_root: str | Path = "/",
     ) -> None:
         self.driver_name = driver_name
         self.pool = pool
@@ -122,6 +125,7 @@ class Driver:
         self.devices = devices
         self.enforcer = enforcer
         self.cdi_root = Path(cdi_root)
+        self.device_root = Path(device_root)
         self.lock = lock
         self.checkpoint = Checkpoint(state_dir, boot_id, validate=_validate_record)
         self.metrics = metrics or Metrics()
@@ -298,7 +302,10 @@ class Driver:
         for d in plan.devices:
             name = cdi.device_name(plan.claim.uid, d.device, d.share_id)
             extra = edits.get(d.key, cdi.ContainerEdits())
-            nodes = (d.gpu.device_node, *cdi.CONTROL_DEVICE_NODES)
+            nodes = tuple(
+                cdi.DeviceNode(p, str(self.device_root / p.lstrip("/")))
+                for p in (d.gpu.device_node, *cdi.CONTROL_DEVICE_NODES)
+            )
             cdi_devices.append(
                 cdi.CdiDevice(name, cdi.ContainerEdits(extra.env, nodes, extra.mounts, extra.hooks))
             )

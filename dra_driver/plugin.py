@@ -23,7 +23,7 @@ from dra_driver.config import NodeConfig, load_node_config, warn_unmatched_selec
 from dra_driver.devicehealth import device_health
 from dra_driver.driver import Driver
 from dra_driver.enforcement import EnforcementReport, detect_enforcement
-from dra_driver.gpus import GpuSource, Inventory, open_source
+from dra_driver.gpus import GpuSource, Inventory, open_source, simnode
 from dra_driver.kubelet.health import DeviceStatus
 from dra_driver.kubelet.server import PluginServer, SocketPaths
 from dra_driver.locking import PrepareLock
@@ -58,11 +58,18 @@ class PluginOptions:
     health_interval: float = 20.0
     mps: MpsOptions = field(default_factory=MpsOptions)
     host_root: str = "/"
+    simulation_root: str = ""
+    simulated_cdi_hook: str = ""
 
     @property
     def simulated(self) -> bool:
         """Whether the GPUs are simulated (then enforcement is recorded, not applied)."""
         return self.gpus.startswith("simulated:")
+
+    @property
+    def sim_root(self) -> Path:
+        """Simulated nodes' hardware root (``--simulation-root``, default under the state dir)."""
+        return Path(self.simulation_root or Path(self.state_dir) / "simulated")
 
 
 class NodeState:
@@ -134,11 +141,11 @@ def make_enforcer(
 ) -> tuple[FractionEnforcer, UsageSource | None]:
     """The enforcer for this node and its usage source for accounting.
 
-    Simulated GPUs get the :class:`RecordingEnforcer` (no usage source); real GPUs the MPS
-    enforcer with NVML.
+    Simulated GPUs get the :class:`RecordingEnforcer` (no usage source), which creates the
+    pipe directories its specs mount; real GPUs the MPS enforcer with NVML.
     """
     if opts.simulated:
-        return RecordingEnforcer(tiers=report.tiers, options=opts.mps), None
+        return RecordingEnforcer(tiers=report.tiers, options=opts.mps, make_dirs=True), None
     nvml = PynvmlFacade()
     options = replace(opts.mps, dmem_backend=report.node.dmem_backend)
     enforcer = MpsEnforcer(report.tiers, nvml, SubprocessRunner(), options)
@@ -152,6 +159,13 @@ def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
     state = NodeState(open_source(opts.gpus, seed=opts.node_name), config)
     state.refresh()
     warn_unmatched_selectors(config, state.inventory.gpus, source=opts.node_config)
+    device_root = "/"
+    if opts.simulated:
+        # A real runtime reads our CDI specs: give it device nodes and a hook that exist.
+        sim = simnode.install(opts.sim_root, state.inventory.gpus, opts.simulated_cdi_hook or None)
+        opts = replace(opts, mps=replace(opts.mps, ctk_hook_path=str(sim.hook_path)))
+        device_root = str(sim.device_root)
+        log.info("simulated node hardware ready", root=str(sim.root), hook=str(sim.hook_path))
     report = detect_enforcement(
         state.inventory,
         simulated=opts.simulated,
@@ -176,6 +190,7 @@ def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
         lock=PrepareLock(Path(opts.plugin_dir) / opts.driver_name / "prepare.lock"),
         boot_id=read_boot_id(),
         metrics=metrics,
+        device_root=device_root,
     )
     driver.start()
     publisher = SlicePublisher(k8s.ResourceV1Api(api), opts.driver_name, opts.node_name)

@@ -38,7 +38,7 @@ pytestmark = pytest.mark.skipif(not SCHEMA_DIR.exists(), reason="shared/referenc
 def sample_spec() -> dict[str, Any]:
     edits = cdi.ContainerEdits(
         env=("CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps", "NVIDIA_GPU_MEMORY_LIMIT=1024"),
-        device_nodes=("/dev/nvidia0", *cdi.CONTROL_DEVICE_NODES),
+        device_nodes=tuple(cdi.DeviceNode(p) for p in ("/dev/nvidia0", *cdi.CONTROL_DEVICE_NODES)),
         mounts=(cdi.Mount("/run/gpu-fraction/mps/x", "/tmp/nvidia-mps"),),
         hooks=(cdi.Hook("createRuntime", "/usr/bin/nvidia-cdi-hook", ("nvidia-cdi-hook", "x")),),
     )

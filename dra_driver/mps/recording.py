@@ -7,12 +7,18 @@ MPS v3 lays it out (:func:`~dra_driver.mps.targets.namespace_pipe_dir`). So a si
 refuses what a real one refuses (e.g. a multi-GPU claim with mixed limits) and hands out the
 real shape: the pipe mount, the memory env and, on ``hard`` GPUs, the memory-limit and record
 hooks.
+
+With ``make_dirs`` (a simulated node whose specs a real runtime reads) it also creates each
+claim's namespace pipe directory, which runc bind-mounts into the container, and removes it
+when the claim is released.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from dra_driver.cdi import ContainerEdits
 from dra_driver.mps.base import MpsError
@@ -22,6 +28,7 @@ from dra_driver.mps.targets import (
     MpsOptions,
     check_mode_conflicts,
     claim_edits,
+    namespace_pipe_dir,
     plan_targets,
 )
 from dra_driver.prepare import ClaimPlan
@@ -39,6 +46,7 @@ class RecordingEnforcer:
         fail_for: claim UIDs whose ``apply`` raises (to test failure isolation).
         tiers: GPU UUID -> tier as on a real node; None (default) = every GPU ``hard``.
         options: the paths and defaults a real enforcer would use.
+        make_dirs: create (and on release remove) the pipe directories the edits mount.
     """
 
     applied: dict[str, ClaimPlan] = field(default_factory=dict)
@@ -46,6 +54,7 @@ class RecordingEnforcer:
     fail_for: set[str] = field(default_factory=set)
     tiers: Mapping[str, str] | None = None
     options: MpsOptions = field(default_factory=MpsOptions)
+    make_dirs: bool = False
     _memo: dict[str, tuple[ClaimPlan, tuple[FractionTarget, ...]]] = field(
         default_factory=dict, repr=False, compare=False
     )
@@ -72,29 +81,48 @@ class RecordingEnforcer:
         check_mode_conflicts(
             uid, targets, ((u, self._applied_targets(u, p)) for u, p in self.applied.items())
         )
+        self._make_pipe_dirs(targets)
         self.applied[uid] = plan
         self._memo[uid] = (plan, targets)
         return claim_edits(targets, self.options)
+
+    def _pipe_dirs(self, targets: Sequence[FractionTarget]) -> list[Path]:
+        return [Path(namespace_pipe_dir(t, self.options)) for t in targets if t.uses_mps]
+
+    def _make_pipe_dirs(self, targets: Sequence[FractionTarget]) -> None:
+        if self.make_dirs:
+            for d in self._pipe_dirs(targets):
+                d.mkdir(mode=0o755, parents=True, exist_ok=True)
 
     def _applied_targets(self, uid: str, plan: ClaimPlan) -> tuple[FractionTarget, ...]:
         memo = self._memo.get(uid)
         if memo is not None and memo[0] is plan:
             return memo[1]
-        try:
-            targets = self.targets(plan)
-        except MpsError:
-            targets = ()  # recorded by restore() without validation: holds no GPU mode
+        # A plan recorded by restore() without validation may be invalid: it holds no mode.
+        targets = self._validated_or_none(plan)
         self._memo[uid] = (plan, targets)
         return targets
 
     def release(self, claim_uid: str) -> None:
         """Forget the claim (idempotent)."""
         self.calls.append(("release", claim_uid))
-        self.applied.pop(claim_uid, None)
-        self._memo.pop(claim_uid, None)
+        plan = self.applied.pop(claim_uid, None)
+        memo = self._memo.pop(claim_uid, None)
+        if self.make_dirs and plan is not None:
+            targets = memo[1] if memo is not None else self._validated_or_none(plan)
+            for d in self._pipe_dirs(targets):
+                with contextlib.suppress(OSError):
+                    d.rmdir()  # empty on a simulated node: no MPS daemon writes into it
+
+    def _validated_or_none(self, plan: ClaimPlan) -> tuple[FractionTarget, ...]:
+        try:
+            return self.targets(plan)
+        except MpsError:
+            return ()
 
     def restore(self, plans: Sequence[ClaimPlan]) -> None:
         """Re-record every plan."""
         self.calls.append(("restore", str(len(plans))))
         for plan in plans:
             self.applied[plan.claim.uid] = plan
+            self._make_pipe_dirs(self._validated_or_none(plan))
