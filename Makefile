@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-PY_SOURCES := dra_driver tests benchmarks hack/demo hack/gpu-check hack/local-cluster hack/kubelet_standin.py
+PY_SOURCES := dra_driver tests benchmarks hack/demo hack/gpu-check hack/local-cluster hack/local-node
 
 .PHONY: demo test unit lint e2e bench proto clean
 
@@ -24,6 +24,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mypy --strict --scripts-are-modules hack/gpu-check
 	$(VENV)/bin/mypy --strict --scripts-are-modules hack/local-cluster
+	$(VENV)/bin/mypy --strict --scripts-are-modules hack/local-node
 
 unit: $(STAMP)
 	$(PY) -m pytest -m 'not e2e and not gpu' -q

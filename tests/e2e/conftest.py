@@ -1,14 +1,17 @@
-"""End-to-end fixtures: a real local Kubernetes control plane (hack/local-cluster).
+"""End-to-end fixtures: a real local Kubernetes cluster (hack/local-cluster).
 
 The `control_plane` fixture starts etcd, kube-apiserver, kube-controller-manager and
-kube-scheduler once per test session. The binaries are built from the official Kubernetes
-sources by hack/build-k8s and cached under ${DRA_DRIVER_CACHE:-~/.cache/dra-driver}: the
-first build takes several minutes, later sessions start the control plane in seconds.
+kube-scheduler once per test session, plus two real nodes, gpu-node-1 and gpu-node-2 (a
+kubelet with containerd and runc each, hack/local-node). The binaries are built from their
+official Go modules by hack/build-k8s and cached under ${DRA_DRIVER_CACHE:-~/.cache/dra-driver}:
+the first build takes several minutes, later sessions start the cluster in seconds. The
+container images (the plugin, the sandbox image, a busybox workload image) are built by
+hack/build-image (`make image`) and imported into each node.
 
-The build runs once after collection (only if a selected test uses `control_plane`), so
-it is not cut short by the per-test timeout; its output is streamed to the terminal. If
-the binaries cannot be built or the control plane does not come up, every test using the
-fixture fails with the error: there is no fake fallback.
+The builds run once after collection (only if a selected test uses `control_plane`), so
+they are not cut short by the per-test timeout; their output is streamed to the terminal. If
+something cannot be built or the cluster does not come up, every test using the fixture
+fails with the error: there is no fake fallback.
 
 Environment:
   DRA_E2E_CLUSTER_DIR   state dir to use instead of a fresh one under pytest's tmp. A
@@ -34,7 +37,11 @@ from kubernetes import config as k8s_config
 REPO = Path(__file__).resolve().parents[2]
 LOCAL_CLUSTER = REPO / "hack" / "local-cluster"
 BUILD_K8S = REPO / "hack" / "build-k8s"
+BUILD_IMAGE = REPO / "hack" / "build-image"
 COMPONENTS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"]
+NODE_COMPONENTS = ["kubelet", "containerd", "containerd-shim-runc-v2", "ctr", "helm"]
+NODE_COMPONENTS += ["bridge", "host-local", "loopback"]
+NODES = "gpu-node-1,gpu-node-2"
 
 _build_error: str | None = None
 
@@ -61,24 +68,29 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     t0 = time.monotonic()
-    proc = subprocess.Popen(
-        [str(BUILD_K8S), *COMPONENTS],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        text=True,
-    )
-    assert proc.stdout is not None
-    lines: list[str] = []
-    for line in proc.stdout:
-        lines.append(line.rstrip())
-        if reporter is not None:
-            reporter.write_line(f"[e2e] {line.rstrip()}")
-    if proc.wait() != 0:
-        tail = "\n".join(lines[-60:])
-        _build_error = f"hack/build-k8s failed (exit {proc.returncode}):\n{tail}"
-    elif lines and reporter is not None:
-        reporter.write_line(f"[e2e] binaries ready in {time.monotonic() - t0:.0f}s")
+    for cmd in (
+        [str(BUILD_K8S), *COMPONENTS, *NODE_COMPONENTS],
+        [sys.executable, str(BUILD_IMAGE)],
+    ):
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        assert proc.stdout is not None
+        lines: list[str] = []
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            if reporter is not None:
+                reporter.write_line(f"[e2e] {line.rstrip()}")
+        if proc.wait() != 0:
+            tail = "\n".join(lines[-60:])
+            _build_error = f"{Path(cmd[-1]).name} failed (exit {proc.returncode}):\n{tail}"
+            return
+    if reporter is not None:
+        reporter.write_line(f"[e2e] binaries and images ready in {time.monotonic() - t0:.0f}s")
 
 
 @dataclass
@@ -129,7 +141,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
         state = Path(fixed).absolute()
     else:
         state = tmp_path_factory.mktemp("control-plane") / "cluster"
-    env = {**os.environ, "LOCAL_CLUSTER_DIR": str(state)}
+    env = {**os.environ, "LOCAL_CLUSTER_DIR": str(state), "LOCAL_CLUSTER_NODES": NODES}
     log = tmp_path_factory.getbasetemp() / "local-cluster.log"
 
     reuse = bool(fixed) and _local_cluster("status", env, log) == 0

@@ -1,13 +1,18 @@
-"""Fixtures for end-to-end tests of the kubelet plugin against the real local control plane.
+"""Fixtures for end-to-end tests on real nodes: the driver installed by its Helm chart.
 
-A test gets an :class:`E2E` (fixture ``e2e``): its own namespace, and :meth:`E2E.start_node`,
-which starts a simulated GPU node: the kubelet stand-in (``hack/kubelet_standin.py``, a thread)
-registers the Node, then ``python -m dra_driver kubelet-plugin`` runs as a real subprocess with a
-simulated GPU inventory and its own plugin, registry, CDI and state directories. Pods are pinned
-to their node with a ``kubernetes.io/hostname`` node selector, so tests never share a node.
+The session's cluster (``control_plane``, see conftest) has two real nodes, ``gpu-node-1`` and
+``gpu-node-2`` (hack/local-node: a kubelet v1.37.2 with containerd and runc each). The fixture
+``driver`` installs the chart from ``deployments/helm`` once per session, with the plugin image
+built by ``make image`` and imported into both nodes, simulated GPUs (:data:`GPUS`, laid out by
+:data:`NODE_CONFIG`) and the local cluster's settings (see :func:`driver_values`); the
+DaemonSet then runs the plugin on both nodes.
 
-On teardown the namespace's pods are deleted, the stand-in unprepares their claims, and then
-the plugin (SIGTERM), the stand-in, the node's ResourceSlices and the Node are removed.
+A test gets an :class:`E2E` (fixture ``e2e``): its own namespace, the nodes, and helpers to
+create claims and pods. Pods run ``localhost/busybox`` with a script that prints what the
+container sees (its ``/dev/nvidia*`` nodes, its GPU environment variables, its MPS pipe mount)
+and then waits; :meth:`E2E.view` reads that from the kubelet's log file of the container.
+On teardown the namespace's pods are deleted and the test waits until the real kubelet has
+unprepared their claims.
 
 Use from a test module with ``pytest_plugins = ["plugin_fixtures"]``.
 """
@@ -18,11 +23,9 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -34,20 +37,47 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
+from tests.cdischema import validator as cdi_validator
+
+from dra_driver import DEFAULT_DRIVER_NAME
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO / "hack") not in sys.path:
-    sys.path.insert(0, str(REPO / "hack"))
-
-import kubelet_standin  # noqa: E402
-
-from dra_driver import DEFAULT_DRIVER_NAME  # noqa: E402
-from tests.nodedirs import NodeDirs  # noqa: E402
-
+CHART = REPO / "deployments" / "helm" / "gpu-fraction-dra"
+BUILD_IMAGE = REPO / "hack" / "build-image"
+LOCAL_NODE = REPO / "hack" / "local-node"
+BIN = Path(os.environ.get("DRA_DRIVER_CACHE", str(Path.home() / ".cache" / "dra-driver"))) / "bin"
 DRIVER = DEFAULT_DRIVER_NAME
-DEVICE_CLASS_DIR = REPO / "manifests" / "deviceclasses"
-CDI_ANNOTATION = kubelet_standin.CDI_ANNOTATION
+RELEASE = "gfd-e2e"
+RELEASE_NAMESPACE = "gpu-fraction-e2e"
+NODE_NAMES = ("gpu-node-1", "gpu-node-2")
+NODE_LABEL = "gpu-fraction.dra.dev/e2e-node"
+WORKLOAD_IMAGE = "localhost/busybox:1.35"
+GPUS = "simulated:H200x12"
+NODE_CONFIG: dict[str, Any] = {
+    # GPUs 0-3: products, time-slicing (the defaults); 4-7: capacity, sm-sharing;
+    # 8-11: products, sm-sharing.
+    "gpus": [
+        *(
+            {"selector": {"index": i}, "fractionModel": "capacity", "computeMode": "sm-sharing"}
+            for i in range(4, 8)
+        ),
+        *({"selector": {"index": i}, "computeMode": "sm-sharing"} for i in range(8, 12)),
+    ]
+}
+TIME_SLICING_GPUS = range(0, 4)
+CAPACITY_GPUS = range(4, 8)
+SM_SHARING_PRODUCT_GPUS = range(8, 12)
 T = TypeVar("T")
+
+# What every test container runs: print what it sees, then wait (SIGTERM ends it at once).
+VIEW_SCRIPT = """
+for d in /dev/nvidia*; do [ -e "$d" ] && echo "DEVICE $d"; done
+env | grep -E '^(NVIDIA_|CUDA_|GPU_FRACTION_)' | sort | sed 's/^/ENV /'
+grep ' /tmp/nvidia-mps ' /proc/self/mountinfo | awk '{print "MOUNT " $4}'
+echo VIEW-END
+trap 'exit 0' TERM
+while :; do sleep 1; done
+"""
 
 
 def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 30.0, every: float = 0.2) -> T:
@@ -81,6 +111,124 @@ def dns_name(text: str, limit: int = 40) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:limit].strip("-")
 
 
+# --------------------------------------------------------------------------- real nodes
+
+
+@dataclass
+class GpuNode:
+    """A real node of the local cluster; paths are the host's view of the node's directories
+    (hack/local-node bind-mounts them over the standard paths inside the node)."""
+
+    name: str
+    root: Path
+
+    @property
+    def cdi_root(self) -> Path:
+        return self.root / "cdi"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "gpu-fraction-state"
+
+    @property
+    def run_dir(self) -> Path:
+        """The node's ``/run/gpu-fraction`` (MPS pipe directories)."""
+        return self.root / "gpu-fraction-run"
+
+    @property
+    def hook_records(self) -> Path:
+        return self.state_dir / "simulated" / "hook-records"
+
+    @property
+    def pod_logs(self) -> Path:
+        return self.root / "pod-logs"
+
+    def host_path(self, node_path: str) -> Path:
+        """Where a path of the node (e.g. ``/run/gpu-fraction/...``) lies on the host."""
+        for prefix, sub in (("/run/gpu-fraction", "gpu-fraction-run"), ("/var/run/cdi", "cdi")):
+            if node_path == prefix or node_path.startswith(prefix + "/"):
+                return self.root / sub / node_path[len(prefix) :].lstrip("/")
+        raise ValueError(f"{node_path} is not under a node directory this helper knows")
+
+    def cdi_spec_path(self, claim_uid: str) -> Path:
+        return self.cdi_root / f"{DRIVER}-claim_{claim_uid}.json"
+
+    def cdi_specs(self) -> dict[str, dict[str, Any]]:
+        """Our spec files on disk: file name -> spec."""
+        if not self.cdi_root.is_dir():
+            return {}
+        return {
+            p.name: json.loads(p.read_text())
+            for p in sorted(self.cdi_root.iterdir())
+            if p.name.startswith(f"{DRIVER}-claim_") and p.suffix == ".json"
+        }
+
+    def plugin_checkpoint(self) -> dict[str, Any]:
+        path = self.state_dir / "checkpoint.json"
+        if not path.exists():
+            return {}
+        claims: dict[str, Any] = json.loads(path.read_text()).get("claims", {})
+        return claims
+
+    def pipe_dirs(self) -> list[Path]:
+        """Every claim's namespace pipe directory (``mps/<mode>/pipe/<server>/<namespace>``)."""
+        return sorted(self.run_dir.glob("mps/*/pipe/*/*"))
+
+    def container_log(self, namespace: str, pod: str, container: str) -> str:
+        """The container's output as the kubelet logged it (CRI format, text only)."""
+        lines = []
+        for path in sorted(self.pod_logs.glob(f"{namespace}_{pod}_*/{container}/*.log")):
+            for line in path.read_text(errors="replace").splitlines():
+                parts = line.split(" ", 3)
+                lines.append(parts[3] if len(parts) == 4 else line)
+        return "\n".join(lines)
+
+    def plugin_pids(self) -> list[int]:
+        """PIDs of the plugin processes serving this node (hostPID: visible here)."""
+        pids = []
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                args = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"kubelet-plugin" in args and f"--node-name={self.name}".encode() in args:
+                pids.append(int(proc.name))
+        return pids
+
+    def kill_plugin(self) -> list[int]:
+        """SIGKILL every plugin process of this node."""
+        pids = self.plugin_pids()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return pids
+
+
+@dataclass
+class ContainerView:
+    """What a test container printed about itself (see :data:`VIEW_SCRIPT`)."""
+
+    devices: list[str]
+    env: dict[str, str]
+    mounts: list[str]
+
+    @classmethod
+    def parse(cls, text: str) -> ContainerView:
+        devices, env, mounts = [], {}, []
+        for line in text.splitlines():
+            kind, _, rest = line.partition(" ")
+            if kind == "DEVICE":
+                devices.append(rest)
+            elif kind == "ENV":
+                k, _, v = rest.partition("=")
+                env[k] = v
+            elif kind == "MOUNT":
+                mounts.append(rest)
+        return cls(sorted(devices), env, mounts)
+
+
 # --------------------------------------------------------------------------- session fixtures
 
 
@@ -91,121 +239,177 @@ def kube(control_plane: Any) -> k8s.ApiClient:
     return api
 
 
-@pytest.fixture(scope="session")
-def device_classes(kube: k8s.ApiClient) -> Iterator[list[str]]:
-    """The shipped DeviceClasses (manifests/deviceclasses), created or replaced once."""
-    res = k8s.ResourceV1Api(kube)
-    names = []
-    for path in sorted(DEVICE_CLASS_DIR.glob("*.yaml")):
-        body = yaml.safe_load(path.read_text())
-        name = body["metadata"]["name"]
-        try:
-            res.create_device_class(k8s.V1DeviceClass.from_dict(body))
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-            old = raw(res.read_device_class(name, _preload_content=False))
-            body["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
-            res.replace_device_class(name, k8s.V1DeviceClass.from_dict(body))
-        names.append(name)
-    yield names
-    for name in names:
-        with contextlib.suppress(ApiException):
-            res.delete_device_class(name)
+def plugin_image() -> str:
+    done = subprocess.run(
+        [sys.executable, str(BUILD_IMAGE), "--print-ref", "plugin"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.strip()
 
 
-# --------------------------------------------------------------------------- a GPU node
+def driver_values(control_plane: Any, **overrides: Any) -> dict[str, Any]:
+    """Chart values for the local cluster.
+
+    - the image from ``make image``, never pulled (no registry is reachable);
+    - simulated GPUs, :data:`NODE_CONFIG`;
+    - ``hostNetwork`` with the API server's loopback address: the local API server listens on
+      127.0.0.1, which a pod's own network namespace cannot reach;
+    - no metrics endpoint or probes (both nodes share the host's network: the ports would
+      collide);
+    - only the e2e nodes (the plain manifests installed by test_e2e_install must not land
+      there).
+    """
+    repo, _, tag = plugin_image().rpartition(":")
+    port = json.loads((control_plane.state_dir / "ports.json").read_text())["apiserver"]
+    values: dict[str, Any] = {
+        "image": {"repository": repo, "tag": tag, "pullPolicy": "Never"},
+        "gpus": GPUS,
+        "nodeConfig": NODE_CONFIG,
+        "hostNetwork": True,
+        "extraEnv": [
+            {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+            {"name": "KUBERNETES_SERVICE_PORT", "value": str(port)},
+        ],
+        "metricsPort": 0,
+        "logLevel": "debug",
+        "logFormat": "console",
+        "publishInterval": 5,
+        "nodeSelector": {NODE_LABEL: "true"},
+        "priorityClassName": "",
+        "terminationGracePeriodSeconds": 5,
+    }
+    values.update(overrides)
+    return values
+
+
+def helm(control_plane: Any, *args: str) -> str:
+    done = subprocess.run(
+        [str(BIN / "helm"), *args],
+        env={**os.environ, "KUBECONFIG": str(control_plane.kubeconfig)},
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.fail(f"helm {' '.join(args[:2])} failed: {done.stderr.strip()}")
+    return done.stdout
 
 
 @dataclass
-class GpuNode(NodeDirs):
-    """A simulated GPU node: the stand-in (thread) plus the plugin (subprocess)."""
+class Driver:
+    """The session's Helm release of the driver."""
 
-    name: str
-    root: Path
-    gpus: str
-    standin: kubelet_standin.KubeletStandin
-    kubeconfig: Path
-    node_config: Path | None = None
-    plugin_args: list[str] = field(default_factory=list)
-    plugin: subprocess.Popen[bytes] | None = None
+    control_plane: Any
+    api: k8s.ApiClient
+    values_file: Path
+    nodes: list[GpuNode]
 
-    @property
-    def log_path(self) -> Path:
-        return self.root / "plugin.log"
+    def upgrade(self, **overrides: Any) -> None:
+        """``helm upgrade`` with changed values (waits for nothing)."""
+        values = {**yaml.safe_load(self.values_file.read_text()), **overrides}
+        self.values_file.write_text(yaml.safe_dump(values))
+        helm(self.control_plane, "upgrade", RELEASE, str(CHART), "-n", RELEASE_NAMESPACE,
+             "-f", str(self.values_file))  # fmt: skip
 
-    def cdi_spec_path(self, claim_uid: str) -> Path:
-        return self.cdi_root / f"{DRIVER}-claim_{claim_uid}.json"
+    def plugin_pods(self, node: str | None = None) -> list[dict[str, Any]]:
+        selector = f"spec.nodeName={node}" if node else None
+        items: list[dict[str, Any]] = raw(
+            k8s.CoreV1Api(self.api).list_namespaced_pod(
+                RELEASE_NAMESPACE, field_selector=selector, _preload_content=False
+            )
+        )["items"]
+        return [p for p in items if not p["metadata"].get("deletionTimestamp")]
 
-    def cdi_specs(self) -> dict[str, dict[str, Any]]:
-        """Spec files on disk: file name -> spec."""
-        if not self.cdi_root.is_dir():
-            return {}
-        return {
-            p.name: json.loads(p.read_text())
-            for p in sorted(self.cdi_root.iterdir())
-            if p.suffix in (".json", ".yaml")
-        }
+    def wait_rolled_out(self, timeout: float = 90.0) -> None:
+        """Every node runs exactly one plugin pod of the current DaemonSet generation."""
+        apps = k8s.AppsV1Api(self.api)
 
-    def rendered_slices(self) -> list[dict[str, Any]]:
-        """``dra-driver render-slices`` for this node: what the plugin says it publishes."""
-        cmd = [sys.executable, "-m", "dra_driver", "render-slices", f"--node={self.name}"]
-        cmd += [
-            f"--gpus={self.gpus}",
-            *([f"--config={self.node_config}"] if self.node_config else []),
-        ]
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
-        done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=True)
-        slices: list[dict[str, Any]] = json.loads(done.stdout)
-        return slices
-
-    def plugin_checkpoint(self) -> dict[str, Any]:
-        path = self.state_dir / "checkpoint.json"
-        if not path.exists():
-            return {}
-        claims: dict[str, Any] = json.loads(path.read_text()).get("claims", {})
-        return claims
-
-    def plugin_log(self, lines: int = 60) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def start_plugin(self) -> None:
-        """Start ``python -m dra_driver kubelet-plugin`` for this node (log: ``plugin.log``)."""
-        cmd = [
-            sys.executable,
-            "-m",
-            "dra_driver",
-            "kubelet-plugin",
-            f"--node-name={self.name}",
-            f"--gpus={self.gpus}",
-            f"--kubeconfig={self.kubeconfig}",
-            f"--plugin-dir={self.plugin_dir}",
-            f"--registry-dir={self.registry_dir}",
-            f"--cdi-root={self.cdi_root}",
-            f"--state-dir={self.state_dir}",
-            "--log-format=console",
-            "--log-level=debug",
-            *([f"--node-config={self.node_config}"] if self.node_config else []),
-            *self.plugin_args,
-        ]
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
-        with open(self.log_path, "ab") as out:
-            self.plugin = subprocess.Popen(
-                cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT
+        def done() -> bool:
+            ds = raw(apps.list_namespaced_daemon_set(RELEASE_NAMESPACE, _preload_content=False))[
+                "items"
+            ][0]
+            st = ds["status"]
+            want = len(self.nodes)
+            return (
+                st.get("observedGeneration") == ds["metadata"]["generation"]
+                and st.get("updatedNumberScheduled") == want
+                and st.get("numberAvailable") == want
+                and st.get("numberReady") == want
+                and len(self.plugin_pods()) == want
+                and all(running(p) for p in self.plugin_pods())
             )
 
-    def stop_plugin(self) -> int | None:
-        if self.plugin is None or self.plugin.poll() is not None:
-            return None if self.plugin is None else self.plugin.returncode
-        self.plugin.send_signal(signal.SIGTERM)
-        try:
-            return self.plugin.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.plugin.kill()
-            return self.plugin.wait()
+        wait_for("the plugin DaemonSet rolled out", done, timeout=timeout, every=0.5)
+
+    def wait_published(self, timeout: float = 60.0) -> None:
+        for node in self.nodes:
+            wait_for(
+                f"ResourceSlices of {node.name}",
+                lambda n=node.name: pool_complete(slices_of(self.api, n)),
+                timeout=timeout,
+            )
+
+    def plugin_log(self, node: str, lines: int = 40) -> str:
+        out = []
+        for gpu_node in self.nodes:
+            if gpu_node.name != node:
+                continue
+            for pod in self.plugin_pods(node):
+                text = gpu_node.container_log(
+                    RELEASE_NAMESPACE, pod["metadata"]["name"], "plugin"
+                ).splitlines()
+                out.append(f"--- {pod['metadata']['name']}\n" + "\n".join(text[-lines:]))
+        return "\n".join(out)
+
+
+def running(pod: Mapping[str, Any]) -> bool:
+    statuses = pod.get("status", {}).get("containerStatuses") or []
+    return bool(statuses) and all(s.get("state", {}).get("running") for s in statuses)
+
+
+def slices_of(api: k8s.ApiClient, node: str) -> list[dict[str, Any]]:
+    """The ResourceSlices of ``node`` for our driver, as stored by the API server."""
+    items: list[dict[str, Any]] = raw(
+        k8s.ResourceV1Api(api).list_resource_slice(
+            field_selector=f"spec.nodeName={node},spec.driver={DRIVER}",
+            _preload_content=False,
+        )
+    )["items"]
+    return sorted(items, key=lambda s: s["metadata"]["name"])
+
+
+@pytest.fixture(scope="session")
+def driver(
+    control_plane: Any, kube: k8s.ApiClient, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Driver]:
+    """The chart installed once per session (``helm install``), rolled out on both nodes."""
+    core = k8s.CoreV1Api(kube)
+    nodes = [GpuNode(n, control_plane.state_dir / "nodes" / n) for n in NODE_NAMES]
+    for n in nodes:
+        core.patch_node(n.name, {"metadata": {"labels": {NODE_LABEL: "true"}}})
+    values_file = tmp_path_factory.mktemp("helm") / "values.yaml"
+    values_file.write_text(yaml.safe_dump(driver_values(control_plane)))
+    helm(control_plane, "upgrade", "--install", RELEASE, str(CHART), "-n", RELEASE_NAMESPACE,
+         "--create-namespace", "-f", str(values_file))  # fmt: skip
+    drv = Driver(control_plane, kube, values_file, nodes)
+    try:
+        drv.wait_rolled_out(timeout=120)
+        drv.wait_published()
+    except BaseException:
+        for n in nodes:
+            print(drv.plugin_log(n.name))
+        raise
+    yield drv
+    with contextlib.suppress(Exception):
+        helm(control_plane, "uninstall", RELEASE, "-n", RELEASE_NAMESPACE, "--wait")
+
+
+@pytest.fixture(scope="session")
+def device_classes(driver: Driver) -> list[str]:
+    """The DeviceClasses the chart installed."""
+    items = raw(k8s.ResourceV1Api(driver.api).list_device_class(_preload_content=False))["items"]
+    return [d["metadata"]["name"] for d in items]
 
 
 # --------------------------------------------------------------------------- per-test env
@@ -213,13 +417,13 @@ class GpuNode(NodeDirs):
 
 @dataclass
 class E2E:
-    """One test's world: API handles, a namespace, the nodes it started."""
+    """One test's world: API handles, a namespace, the session's nodes and driver."""
 
     api: k8s.ApiClient
-    kubeconfig: Path
     namespace: str
     test_name: str
-    nodes: list[GpuNode] = field(default_factory=list)
+    driver: Driver
+    _pods: list[str] = field(default_factory=list)
 
     @property
     def core(self) -> k8s.CoreV1Api:
@@ -229,73 +433,12 @@ class E2E:
     def res(self) -> k8s.ResourceV1Api:
         return k8s.ResourceV1Api(self.api)
 
-    # ---- nodes ---------------------------------------------------------------------------
-
-    def start_node(
-        self,
-        gpus: str = "simulated:H200x2",
-        node_config: Mapping[str, Any] | None = None,
-        versions: tuple[str, ...] = kubelet_standin.DRA_VERSIONS,
-        plugin_args: list[str] | None = None,
-    ) -> GpuNode:
-        """Start a stand-in and a plugin for a new node; return once its slices are published
-        and the node is schedulable."""
-        name = f"{dns_name(self.test_name, 30)}-{short_id()}"
-        # Short root: unix socket paths are limited to 107 bytes.
-        root = Path(tempfile.mkdtemp(prefix="dra-e2e-"))
-        standin = kubelet_standin.KubeletStandin(
-            self.api,
-            name,
-            root / "registry",
-            checkpoint_path=root / "standin" / "checkpoint.json",
-            versions=versions,
-            initial_backoff=0.5,
-            max_backoff=4.0,
-            resync_interval=1.0,
-            delete_node_on_stop=True,
-        )
-        node = GpuNode(name, root, gpus, standin, self.kubeconfig)
-        self.nodes.append(node)
-        standin.start()  # first: it wipes the node's slices, as a starting kubelet does
-        config_path = None
-        if node_config is not None:
-            config_path = root / "node-config.yaml"
-            config_path.write_text(
-                yaml.safe_dump(
-                    {"apiVersion": "gpu-fraction.dra.dev/v1alpha1", "kind": "NodeConfig"}
-                    | dict(node_config)
-                )
-            )
-        node.node_config, node.plugin_args = config_path, list(plugin_args or [])
-        node.start_plugin()
-
-        def registered() -> bool:
-            assert node.plugin is not None
-            if node.plugin.poll() is not None:
-                pytest.fail(f"plugin exited with {node.plugin.returncode}:\n{node.plugin_log()}")
-            return standin.registry.plugin(DRIVER) is not None
-
-        wait_for(f"plugin registration on {name}", registered, timeout=30, every=0.1)
-        wait_for(f"ResourceSlices of {name}", lambda: pool_complete(self.slices(name)), timeout=30)
-        standin.wait_node_schedulable(timeout=60)
-        return node
-
-    def stop_node(self, node: GpuNode) -> None:
-        node.stop_plugin()
-        node.standin.stop()
-        for s in self.slices(node.name):
-            with contextlib.suppress(ApiException):
-                self.res.delete_resource_slice(s["metadata"]["name"])
+    @property
+    def nodes(self) -> list[GpuNode]:
+        return self.driver.nodes
 
     def slices(self, node: str) -> list[dict[str, Any]]:
-        """The ResourceSlices of ``node`` for our driver, as stored by the API server."""
-        items: list[dict[str, Any]] = raw(
-            self.res.list_resource_slice(
-                field_selector=f"spec.nodeName={node},spec.driver={DRIVER}",
-                _preload_content=False,
-            )
-        )["items"]
-        return sorted(items, key=lambda s: s["metadata"]["name"])
+        return slices_of(self.api, node)
 
     # ---- objects -------------------------------------------------------------------------
 
@@ -355,26 +498,37 @@ class E2E:
         claims: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         """Create a pod on ``node`` using ``templates`` (pod claim -> template) and ``claims``
-        (pod claim -> existing ResourceClaim); its one container uses every claim."""
+        (pod claim -> existing ResourceClaim); its one container uses every claim and prints
+        what it sees (:data:`VIEW_SCRIPT`)."""
         refs = [{"name": n, "resourceClaimTemplateName": t} for n, t in (templates or {}).items()]
         refs += [{"name": n, "resourceClaimName": c} for n, c in (claims or {}).items()]
-        body = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "labels": {"app": name}},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": node.name},
-                "terminationGracePeriodSeconds": 30,
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": "registry.k8s.io/pause:3.10",
-                        "resources": {"claims": [{"name": r["name"]} for r in refs]},
-                    }
-                ],
-                "resourceClaims": refs,
-            },
+        spec = {
+            "nodeSelector": {"kubernetes.io/hostname": node.name},
+            "containers": [
+                {"name": "main", "resources": {"claims": [{"name": r["name"]} for r in refs]}}
+            ],
+            "resourceClaims": refs,
         }
+        return self.create_pod(name, spec)
+
+    def create_pod(self, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """Create a pod from ``spec``; every container runs :data:`VIEW_SCRIPT` in the local
+        busybox image (never pulled), and the pod stops within a second."""
+        spec = dict(spec)
+        spec["containers"] = [
+            {
+                **c,
+                "image": WORKLOAD_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["sh", "-c", VIEW_SCRIPT],
+                "args": None,
+            }
+            for c in spec["containers"]
+        ]
+        spec.setdefault("terminationGracePeriodSeconds", 2)
+        spec.setdefault("dnsPolicy", "Default")
+        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+        self._pods.append(name)
         return raw(
             self.core.create_namespaced_pod(
                 self.namespace, k8s.V1Pod.from_dict(body), _preload_content=False
@@ -393,25 +547,43 @@ class E2E:
             raise
         return True
 
-    def wait_running(self, name: str, timeout: float = 45.0) -> dict[str, Any]:
-        def running() -> dict[str, Any] | None:
+    def node_of(self, pod: str) -> GpuNode:
+        name = self.read_pod(pod)["spec"]["nodeName"]
+        return next(n for n in self.nodes if n.name == name)
+
+    def wait_running(self, name: str, timeout: float = 60.0) -> dict[str, Any]:
+        def is_running() -> dict[str, Any] | None:
             pod = self.read_pod(name)
-            return pod if pod["status"].get("phase") == "Running" else None
+            return pod if pod["status"].get("phase") == "Running" and running(pod) else None
 
         try:
-            return wait_for(f"pod {name} Running", running, timeout=timeout)
+            return wait_for(f"pod {name} Running", is_running, timeout=timeout)
         except pytest.fail.Exception:
             print(self.describe(name))
             raise
 
+    def view(self, pod: str, container: str = "main", timeout: float = 30.0) -> ContainerView:
+        """What the pod's container printed about itself."""
+        node = self.node_of(pod)
+        text = wait_for(
+            f"output of {pod}/{container}",
+            lambda: (
+                t
+                if "VIEW-END" in (t := node.container_log(self.namespace, pod, container))
+                else None
+            ),
+            timeout=timeout,
+        )
+        return ContainerView.parse(text)
+
     def describe(self, pod: str) -> str:
-        """Pod status, its events, and every node's plugin log tail (for failure messages)."""
+        """Pod status, its events, and the plugin log tails (for failure messages)."""
         out = []
         with contextlib.suppress(ApiException):
             out.append(json.dumps(self.read_pod(pod).get("status"), indent=1)[:3000])
         out += [f"event {e['reason']}: {e['message']}" for e in self.events(pod)]
         for node in self.nodes:
-            out.append(f"--- plugin log of {node.name}\n{node.plugin_log(40)}")
+            out.append(self.driver.plugin_log(node.name))
         return "\n".join(out)
 
     def claim_of(self, pod: str, pod_claim: str = "gpu") -> dict[str, Any]:
@@ -439,31 +611,35 @@ class E2E:
         return items
 
     def delete_pod(self, name: str, grace: int | None = None) -> None:
-        """Delete a pod (default grace: the stand-in sees it terminating, unprepares, deletes)."""
+        """Delete a pod; the real kubelet stops it, unprepares its claims, then removes it."""
         self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=grace)
 
-    def wait_gone(self, name: str, timeout: float = 30.0) -> None:
+    def wait_gone(self, name: str, timeout: float = 60.0) -> None:
         wait_for(f"pod {name} deleted", lambda: not self.pod_exists(name), timeout=timeout)
+
+    def prepared_here(self) -> dict[str, list[str]]:
+        """Node name -> UIDs of this namespace's claims in the node's plugin checkpoint."""
+        return {
+            n.name: [
+                u for u, r in n.plugin_checkpoint().items() if r["namespace"] == self.namespace
+            ]
+            for n in self.nodes
+        }
 
     def cleanup(self) -> None:
         core = self.core
         pods = raw(core.list_namespaced_pod(self.namespace, _preload_content=False))["items"]
         for pod in pods:
             with contextlib.suppress(ApiException):
-                core.delete_namespaced_pod(
-                    pod["metadata"]["name"], self.namespace, grace_period_seconds=0
-                )
-        deadline = time.monotonic() + 30
-        for node in self.nodes:
-            while node.standin.prepared_claims() and time.monotonic() < deadline:
-                node.standin.sync_now()
-                time.sleep(0.1)
-        for node in self.nodes:
-            self.stop_node(node)
-            if node.plugin is not None and node.plugin.returncode not in (0, None):
-                print(f"plugin of {node.name} exited {node.plugin.returncode}")
-            print(f"--- plugin log of {node.name} (tail)\n{node.plugin_log(30)}")
-            shutil.rmtree(node.root, ignore_errors=True)
+                core.delete_namespaced_pod(pod["metadata"]["name"], self.namespace)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            left = raw(core.list_namespaced_pod(self.namespace, _preload_content=False))["items"]
+            if not left and not any(self.prepared_here().values()):
+                break
+            time.sleep(0.3)
+        else:
+            print(f"cleanup of {self.namespace}: pods or prepared claims left after 60 s")
         with contextlib.suppress(ApiException):
             core.delete_namespace(self.namespace)
 
@@ -510,62 +686,94 @@ def claim_spec(
     return {"devices": devices}
 
 
-def check_prepared(e2e: E2E, node: GpuNode, pod: str, pod_claim: str = "gpu") -> PreparedClaim:
-    """Assert the whole prepare path for one pod claim and return what it produced.
-
-    The pod is Running; the stand-in's annotation names the claim, its allocated devices and
-    CDI IDs; a PreparedDynamicResources event was recorded; the plugin wrote the claim's CDI
-    spec, valid against the CDI JSON schema, holding exactly those CDI devices, each with its
-    GPU's device node.
-    """
-    p = e2e.read_pod(pod)
-    assert p["status"]["phase"] == "Running"
-    assert p["spec"]["nodeName"] == node.name
-    claim = e2e.claim_of(pod, pod_claim)
-    uid = claim["metadata"]["uid"]
-    results = claim["status"]["allocation"]["devices"]["results"]
-    assert {r["pool"] for r in results} == {node.name}
-    assert {r["driver"] for r in results} == {DRIVER}
-    note = json.loads(p["metadata"]["annotations"][CDI_ANNOTATION])[pod_claim]
-    assert note["claimUID"] == uid
-    assert sorted(d["device"] for d in note["devices"]) == sorted(r["device"] for r in results)
-    path = node.cdi_spec_path(uid)
-    assert path.exists(), f"no CDI spec {path}; on disk: {list(node.cdi_specs())}"
-    spec = json.loads(path.read_text())
-    errors = sorted(str(e.message) for e in cdi_validator().iter_errors(spec))
-    assert not errors, errors
-    ids = [i for d in note["devices"] for i in d["cdiDeviceIDs"]]
-    assert sorted(ids) == sorted(f"{spec['kind']}={d['name']}" for d in spec["devices"])
-    for d in spec["devices"]:
-        assert uid in d["name"]
-        nodes = [n["path"] for n in d["containerEdits"]["deviceNodes"]]
-        assert any(re.fullmatch(r"/dev/nvidia[0-9]+", n) for n in nodes), nodes
-    reasons = [e["reason"] for e in e2e.events(pod)]
-    assert kubelet_standin.REASON_PREPARED in reasons, reasons
-    assert uid in node.plugin_checkpoint()
-    return PreparedClaim(claim, results, spec, path, note)
-
-
 @dataclass
 class PreparedClaim:
-    """What :func:`check_prepared` found for one claim."""
+    """What :func:`check_prepared` found for one claim of a running pod."""
 
     claim: dict[str, Any]
     results: list[dict[str, Any]]
     spec: dict[str, Any]
     spec_path: Path
-    annotation: dict[str, Any]
+    view: ContainerView
+    node: GpuNode
 
     @property
     def uid(self) -> str:
         return str(self.claim["metadata"]["uid"])
 
+    def pipe_dirs(self) -> list[Path]:
+        """Host paths of the pipe directories the claim's spec mounts."""
+        return sorted(
+            {
+                self.node.host_path(m["hostPath"])
+                for d in self.spec["devices"]
+                for m in d["containerEdits"].get("mounts", [])
+            }
+        )
 
-def cdi_validator() -> Any:
-    """The CDI JSON-schema validator of the unit tests (reference/cdi-schema)."""
-    from tests.test_cdi import validator
 
-    return validator()
+def check_prepared(e2e: E2E, pod: str, pod_claim: str = "gpu") -> PreparedClaim:
+    """Assert the whole prepare path for one pod claim, as the container sees it.
+
+    The pod runs on a node of ours; its claim is allocated from that node's pool; the plugin
+    wrote the claim's CDI spec (valid against the CDI JSON schema) and recorded the claim in
+    its checkpoint; and the container itself sees exactly the spec's edits: the GPU device
+    nodes of the claim plus the control nodes and no other GPU's node, the spec's
+    environment, and its MPS pipe directory mounted at /tmp/nvidia-mps. Where the spec names
+    the memory-limit hook, the recording stand-in received the GPU UUID and the claim's MiB.
+    """
+    p = e2e.read_pod(pod)
+    assert p["status"]["phase"] == "Running"
+    node = e2e.node_of(pod)
+    claim = e2e.claim_of(pod, pod_claim)
+    uid = claim["metadata"]["uid"]
+    results = claim["status"]["allocation"]["devices"]["results"]
+    assert {r["pool"] for r in results} == {node.name}
+    assert {r["driver"] for r in results} == {DRIVER}
+    path = node.cdi_spec_path(uid)
+    assert path.exists(), f"no CDI spec {path}; on disk: {list(node.cdi_specs())}"
+    spec = json.loads(path.read_text())
+    errors = sorted(str(e.message) for e in cdi_validator().iter_errors(spec))
+    assert not errors, errors
+    assert uid in node.plugin_checkpoint()
+    view = e2e.view(pod)
+    spec_nodes = {
+        n["path"] for d in spec["devices"] for n in d["containerEdits"].get("deviceNodes", [])
+    }
+    assert any(re.fullmatch(r"/dev/nvidia[0-9]+", n) for n in spec_nodes), spec_nodes
+    assert set(view.devices) == spec_nodes, (view.devices, spec_nodes)
+    for d in spec["devices"]:
+        for entry in d["containerEdits"].get("env", []):
+            k, _, v = entry.partition("=")
+            assert view.env.get(k) == v, (k, v, view.env)
+    got = PreparedClaim(claim, results, spec, path, view, node)
+    pipes = got.pipe_dirs()
+    if pipes:
+        assert len(view.mounts) == 1, view.mounts
+        assert any(view.mounts[0].endswith(str(p)) for p in pipes), (view.mounts, pipes)
+        assert all(p.is_dir() for p in pipes)
+    for d in spec["devices"]:
+        hooks = [
+            h
+            for h in d["containerEdits"].get("hooks", [])
+            if "apply-cuda-memory-limits" in h.get("args", [])
+        ]
+        for h in hooks:
+            gpu = h["args"][h["args"].index("--gpu-id") + 1]
+            record = hook_record(e2e, pod, node, gpu)
+            env = dict(e.split("=", 1) for e in d["containerEdits"]["env"])
+            assert record["NVIDIA_GPU_MEMORY_REQUEST"] == env["NVIDIA_GPU_MEMORY_REQUEST"]
+            assert record["NVIDIA_GPU_MEMORY_LIMIT"] == env["NVIDIA_GPU_MEMORY_LIMIT"]
+    return got
+
+
+def hook_record(e2e: E2E, pod: str, node: GpuNode, gpu: str) -> dict[str, str]:
+    """What the recording ``nvidia-cdi-hook`` stand-in wrote for the pod's container on a GPU."""
+    status = e2e.read_pod(pod)["status"]["containerStatuses"][0]
+    container_id = status["containerID"].split("://", 1)[1]
+    path = node.hook_records / f"{container_id}.{gpu}"
+    assert path.exists(), f"no hook record {path.name}: {sorted(os.listdir(node.hook_records))}"
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
 
 
 def pool_complete(slices: list[dict[str, Any]]) -> bool:
@@ -616,12 +824,11 @@ def cdi_env(spec: Mapping[str, Any], device_index: int = 0) -> dict[str, str]:
 @pytest.fixture
 def e2e(
     kube: k8s.ApiClient,
+    driver: Driver,
     device_classes: list[str],
-    control_plane: Any,
     request: pytest.FixtureRequest,
 ) -> Iterator[E2E]:
-    """A fresh namespace for the test; nodes started with :meth:`E2E.start_node` are torn
-    down with it."""
+    """A fresh namespace for the test, on the session's nodes and driver."""
     core = k8s.CoreV1Api(kube)
     namespace = f"e2e-{dns_name(request.node.name, 40)}-{short_id()}"
     core.create_namespace(k8s.V1Namespace.from_dict({"metadata": {"name": namespace}}))
@@ -631,7 +838,7 @@ def e2e(
         timeout=30,
         every=0.1,
     )
-    env = E2E(kube, Path(control_plane.kubeconfig), namespace, request.node.name)
+    env = E2E(kube, namespace, request.node.name, driver)
     try:
         yield env
     finally:

@@ -1,10 +1,11 @@
 """End to end, the shipped examples (manifests/examples): each example's DeviceClass and
 ResourceClaimTemplate are applied as shipped, a pod built from its workload's pod template is
-placed by the real scheduler on a simulated node, and the plugin prepares its claim.
+placed by the real scheduler on a real node, the plugin prepares its claim through the real
+kubelet, and the container sees its fraction.
 
-The workload's pod template is used as is except for the image (a pause image: nothing runs
-here) and a node selector pinning it to this test's node; the quota example is applied and
-enforced as shipped."""
+The workload's pod template is used as is except for the image and command (a busybox that
+prints what it sees: no GPU code runs here) and a node selector pinning it to one node; the
+quota example is applied and enforced as shipped."""
 
 from __future__ import annotations
 
@@ -25,13 +26,6 @@ pytest_plugins = ["plugin_fixtures"]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
 WORKLOADS = ("Deployment", "Job", "Pod", "StatefulSet")
-# GPUs 0-3: products, time-slicing (defaults); GPUs 4-7: capacity model, sm-sharing.
-NODE_CONFIG = {
-    "gpus": [
-        {"selector": {"index": i}, "fractionModel": "capacity", "computeMode": "sm-sharing"}
-        for i in range(4, 8)
-    ]
-}
 EXAMPLE_FILES = sorted(p.name for p in EXAMPLES.glob("*.yaml") if not p.name.startswith("quota"))
 
 
@@ -47,27 +41,17 @@ def pod_template(workload: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_pod(e2e: E2E, node: GpuNode, workload: dict[str, Any]) -> str:
-    template = pod_template(workload)
-    spec = dict(template["spec"])
+    spec = dict(pod_template(workload)["spec"])
     spec["nodeSelector"] = {"kubernetes.io/hostname": node.name}
-    spec["containers"] = [
-        {**c, "image": "registry.k8s.io/pause:3.10", "command": None, "args": None}
-        for c in spec["containers"]
-    ]
     spec.pop("restartPolicy", None)
     name = workload["metadata"]["name"]
-    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
-    e2e.core.create_namespaced_pod(e2e.namespace, k8s.V1Pod.from_dict(body))
+    e2e.create_pod(name, spec)
     return name
 
 
-@pytest.fixture
-def example_node(e2e: E2E) -> GpuNode:
-    return e2e.start_node("simulated:H200x8", node_config=NODE_CONFIG)
-
-
 @pytest.mark.parametrize("example", EXAMPLE_FILES)
-def test_example_is_allocated_and_prepared(e2e: E2E, example_node: GpuNode, example: str) -> None:
+def test_example_is_allocated_and_prepared(e2e: E2E, example: str) -> None:
+    example_node = e2e.nodes[EXAMPLE_FILES.index(example) % len(e2e.nodes)]
     classes: list[str] = []
     workloads: list[dict[str, Any]] = []
     try:
@@ -88,9 +72,12 @@ def test_example_is_allocated_and_prepared(e2e: E2E, example_node: GpuNode, exam
             pod = run_pod(e2e, example_node, workload)
             e2e.wait_running(pod, timeout=60)
             for ref in pod_template(workload)["spec"]["resourceClaims"]:
-                prepared = check_prepared(e2e, example_node, pod, ref["name"])
+                prepared = check_prepared(e2e, pod, ref["name"])
                 gpus = {r["device"].split("-")[1] for r in prepared.results}
                 assert len(gpus) == len(prepared.results) or len(prepared.results) == 1
+                # The container sees one device node per allocated GPU.
+                seen = [d for d in prepared.view.devices if d[len("/dev/nvidia") :].isdigit()]
+                assert len(seen) == len(gpus), (seen, gpus)
     finally:
         for name in classes:
             with contextlib.suppress(ApiException):

@@ -23,35 +23,37 @@ pytest_plugins = ["plugin_fixtures"]
 UUID_ATTRIBUTE = f"{DRIVER}/uuid"
 
 
+FIRST_FOUR = 'device.attributes["gpu-fraction.dra.dev"].index < 4'
+
+
 def test_four_fractions_on_four_distinct_gpus(e2e: E2E) -> None:
-    node = e2e.start_node("simulated:A100-80GBx4")
+    node = e2e.nodes[1]
     devices = slice_devices(e2e.slices(node.name))
-    e2e.template("spread", "gpu-quarter", count=4, distinct=UUID_ATTRIBUTE)
+    e2e.template("spread", "gpu-quarter", count=4, distinct=UUID_ATTRIBUTE, selectors=[FIRST_FOUR])
     e2e.pod("spread", node, templates={"gpu": "spread"})
     e2e.wait_running("spread")
-    got = check_prepared(e2e, node, "spread")
+    got = check_prepared(e2e, "spread")
     assert len(got.results) == 4
     uuids = {attr(devices[r["device"]], "uuid") for r in got.results}
     assert len(uuids) == 4
     assert len(got.spec["devices"]) == 4
-    gpu_nodes = {
-        n["path"]
-        for d in got.spec["devices"]
-        for n in d["containerEdits"]["deviceNodes"]
-        if n["path"][len("/dev/nvidia") :].isdigit()
-    }
-    assert len(gpu_nodes) == 4
+    # The container sees its four GPUs' device nodes, no other GPU's.
+    gpu_nodes = [d for d in got.view.devices if d[len("/dev/nvidia") :].isdigit()]
+    want = sorted(f"/dev/nvidia{attr(devices[r['device']], 'minor')}" for r in got.results)
+    assert gpu_nodes == want
     for i in range(4):
-        assert cdi_env(got.spec, i)["NVIDIA_GPU_MEMORY_REQUEST"] == str(81920 // 4)
-    assert len(got.annotation["devices"]) == 4
+        assert (
+            cdi_env(got.spec, i)["NVIDIA_GPU_MEMORY_REQUEST"]
+            == got.view.env["NVIDIA_GPU_MEMORY_REQUEST"]
+        )
 
-    # Without the constraint the scheduler may pack them; with it, 5 cannot fit on 4 GPUs.
-    e2e.template("five", "gpu-eighth", count=5, distinct=UUID_ATTRIBUTE)
+    # With the constraint, 5 cannot fit on 4 GPUs.
+    e2e.template("five", "gpu-eighth", count=5, distinct=UUID_ATTRIBUTE, selectors=[FIRST_FOUR])
     e2e.pod("five", node, templates={"gpu": "five"})
     wait_for("pod five Unschedulable", lambda: unschedulable(e2e, "five"))
     assert not e2e.read_pod("five")["spec"].get("nodeName")
 
     e2e.delete_pod("spread")
     e2e.wait_gone("spread")
-    assert not got.spec_path.exists()
-    assert node.plugin_checkpoint() == {}
+    wait_for("the claim unprepared", lambda: not got.spec_path.exists())
+    assert got.uid not in node.plugin_checkpoint()

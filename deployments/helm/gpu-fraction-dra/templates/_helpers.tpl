@@ -116,7 +116,7 @@ app.kubernetes.io/component: kubelet-plugin
 {{- fail (printf "mps.%s: unknown NVML compute mode %q (known: EXCLUSIVE_PROCESS, DEFAULT)" $key $mode) -}}
 {{- end -}}
 {{- end -}}
-{{- if not (gt (int .Values.metricsPort) 0) -}}
-{{- fail "metricsPort must be > 0: the probes use the metrics endpoint" -}}
+{{- if lt (int .Values.metricsPort) 0 -}}
+{{- fail "metricsPort must be >= 0 (0: no metrics endpoint and no probes)" -}}
 {{- end -}}
 {{- end -}}

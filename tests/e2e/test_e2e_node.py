@@ -1,0 +1,136 @@
+"""End to end, the plugin's life on a real node: what the kubelet's unprepare leaves, pipe
+directories per claim, and running pods across a plugin SIGKILL, a kubelet restart and a
+``helm upgrade`` that rolls the DaemonSet."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+pytest.register_assert_rewrite("plugin_fixtures")
+from plugin_fixtures import (  # noqa: E402
+    E2E,
+    LOCAL_NODE,
+    Driver,
+    GpuNode,
+    PreparedClaim,
+    check_prepared,
+    pool_complete,
+    wait_for,
+)
+
+pytestmark = pytest.mark.e2e
+pytest_plugins = ["plugin_fixtures"]
+
+ON_GPU = 'device.attributes["gpu-fraction.dra.dev"].index == {}'
+
+
+def container_ids(e2e: E2E, pod: str) -> list[tuple[str, int]]:
+    statuses = e2e.read_pod(pod)["status"]["containerStatuses"]
+    return [(s["containerID"], s["restartCount"]) for s in statuses]
+
+
+def start(e2e: E2E, node: GpuNode, name: str, device_class: str = "gpu-eighth") -> PreparedClaim:
+    e2e.template(name, device_class, selectors=[ON_GPU.format(0)])
+    e2e.pod(name, node, templates={"gpu": name})
+    e2e.wait_running(name)
+    return check_prepared(e2e, name)
+
+
+def unprepared(e2e: E2E, got: PreparedClaim) -> None:
+    wait_for(
+        f"claim {got.uid} unprepared",
+        lambda: not got.spec_path.exists() and got.uid not in got.node.plugin_checkpoint(),
+    )
+    assert not any(p.exists() for p in got.pipe_dirs())
+
+
+def test_deleting_a_pod_leaves_nothing(e2e: E2E) -> None:
+    node = e2e.nodes[0]
+    got = start(e2e, node, "gone")
+    assert got.pipe_dirs() and all(p.is_dir() for p in got.pipe_dirs())
+    e2e.delete_pod("gone")
+    e2e.wait_gone("gone")
+    unprepared(e2e, got)
+    assert not [p for p in node.pipe_dirs() if got.uid.replace("-", "_") in p.name]
+
+
+def test_two_pods_on_one_gpu_get_separate_pipe_directories(e2e: E2E) -> None:
+    node = e2e.nodes[0]
+    a = start(e2e, node, "a")
+    b = start(e2e, node, "b")
+    assert a.results[0]["device"].split("-")[1] == b.results[0]["device"].split("-")[1] == "0"
+    assert a.view.devices == b.view.devices  # the same GPU
+    assert a.pipe_dirs() != b.pipe_dirs()
+    assert a.view.mounts != b.view.mounts
+    assert a.uid.replace("-", "_") in a.view.mounts[0]
+    assert b.uid.replace("-", "_") in b.view.mounts[0]
+
+
+def wait_plugin_back(e2e: E2E, node: GpuNode, old_pids: list[int]) -> None:
+    wait_for(
+        f"a new plugin process on {node.name}",
+        lambda: node.plugin_pids() and not set(node.plugin_pids()) & set(old_pids),
+        timeout=60,
+    )
+    wait_for("slices published", lambda: pool_complete(e2e.slices(node.name)), timeout=30)
+
+
+def after_disruption(e2e: E2E, node: GpuNode, before: PreparedClaim, ids: Any) -> None:
+    """The pod of ``before`` still runs untouched; a new pod prepares; deleting the old pod
+    unprepares the claim that was prepared before the disruption."""
+    assert e2e.read_pod("before")["status"]["phase"] == "Running"
+    assert container_ids(e2e, "before") == ids
+    assert before.spec_path.exists() and before.uid in node.plugin_checkpoint()
+    after = start(e2e, node, "after")
+    assert after.uid != before.uid
+    e2e.delete_pod("before")
+    e2e.wait_gone("before")
+    unprepared(e2e, before)
+    assert after.spec_path.exists()
+
+
+def test_plugin_killed_with_sigkill_while_pods_run(e2e: E2E) -> None:
+    node = e2e.nodes[1]
+    before = start(e2e, node, "before")
+    ids = container_ids(e2e, "before")
+    killed = node.kill_plugin()
+    assert killed, "no plugin process found"
+    wait_plugin_back(e2e, node, killed)
+    after_disruption(e2e, node, before, ids)
+
+
+def test_kubelet_restart_while_pods_run(e2e: E2E) -> None:
+    node = e2e.nodes[1]
+    before = start(e2e, node, "before")
+    ids = container_ids(e2e, "before")
+    subprocess.run(
+        [sys.executable, str(LOCAL_NODE), "restart-kubelet", node.name],
+        env={**os.environ, "LOCAL_CLUSTER_DIR": str(node.root.parents[1])},
+        check=True,
+        timeout=120,
+    )
+    # The restarted kubelet finds the plugin's socket again and republishes nothing itself;
+    # the plugin's slices stay or come back.
+    wait_for("slices published", lambda: pool_complete(e2e.slices(node.name)), timeout=60)
+    after_disruption(e2e, node, before, ids)
+
+
+def test_helm_upgrade_rolls_the_plugin_while_pods_run(e2e: E2E, driver: Driver) -> None:
+    node = e2e.nodes[0]
+    before = start(e2e, node, "before")
+    ids = container_ids(e2e, "before")
+    old = {p["metadata"]["uid"] for p in driver.plugin_pods()}
+    t0 = time.monotonic()
+    driver.upgrade(logLevel="info")
+    driver.wait_rolled_out(timeout=120)
+    rollout = time.monotonic() - t0
+    new = {p["metadata"]["uid"] for p in driver.plugin_pods()}
+    assert not old & new, "every plugin pod is replaced"
+    print(f"DaemonSet rollout on helm upgrade: {rollout:.1f}s")
+    after_disruption(e2e, node, before, ids)
