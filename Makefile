@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-PY_SOURCES := dra_driver tests benchmarks hack/demo hack/gpu-check hack/local-cluster hack/local-node
+PY_SOURCES := dra_driver tests benchmarks hack/demo hack/gpu-check hack/local-cluster hack/local-node hack/local_install.py
 
 .PHONY: demo test unit lint e2e bench proto clean
 
@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
+	hack/install-node-prereqs
 	$(PY) hack/demo
 
 test: lint unit e2e
@@ -25,16 +26,20 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy --strict --scripts-are-modules hack/gpu-check
 	$(VENV)/bin/mypy --strict --scripts-are-modules hack/local-cluster
 	$(VENV)/bin/mypy --strict --scripts-are-modules hack/local-node
+	$(VENV)/bin/mypy --strict hack/local_install.py
 
 unit: $(STAMP)
 	$(PY) -m pytest -m 'not e2e and not gpu' -q
 
 e2e: $(STAMP)
+	hack/install-node-prereqs
 	hack/build-k8s
 	$(PY) -m pytest -m e2e -q
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_prepare.py
+	hack/install-node-prereqs
+	$(PY) benchmarks/bench_pod_start.py
 
 proto: $(STAMP)
 	hack/gen-proto

@@ -24,7 +24,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -42,10 +41,7 @@ from tests.cdischema import validator as cdi_validator
 from dra_driver import DEFAULT_DRIVER_NAME
 
 REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "deployments" / "helm" / "gpu-fraction-dra"
-BUILD_IMAGE = REPO / "hack" / "build-image"
 LOCAL_NODE = REPO / "hack" / "local-node"
-BIN = Path(os.environ.get("DRA_DRIVER_CACHE", str(Path.home() / ".cache" / "dra-driver"))) / "bin"
 DRIVER = DEFAULT_DRIVER_NAME
 RELEASE = "gfd-e2e"
 RELEASE_NAMESPACE = "gpu-fraction-e2e"
@@ -68,6 +64,9 @@ TIME_SLICING_GPUS = range(0, 4)
 CAPACITY_GPUS = range(4, 8)
 SM_SHARING_PRODUCT_GPUS = range(8, 12)
 T = TypeVar("T")
+
+sys.path.insert(0, str(REPO / "hack"))
+import local_install  # noqa: E402
 
 # What every test container runs: print what it sees, then wait (SIGTERM ends it at once).
 VIEW_SCRIPT = """
@@ -175,13 +174,8 @@ class GpuNode:
         return sorted(self.run_dir.glob("mps/*/pipe/*/*"))
 
     def container_log(self, namespace: str, pod: str, container: str) -> str:
-        """The container's output as the kubelet logged it (CRI format, text only)."""
-        lines = []
-        for path in sorted(self.pod_logs.glob(f"{namespace}_{pod}_*/{container}/*.log")):
-            for line in path.read_text(errors="replace").splitlines():
-                parts = line.split(" ", 3)
-                lines.append(parts[3] if len(parts) == 4 else line)
-        return "\n".join(lines)
+        """The container's output as the kubelet logged it."""
+        return "\n".join(local_install.container_log(self.root, namespace, pod, container))
 
     def plugin_pids(self) -> list[int]:
         """PIDs of the plugin processes serving this node (hostPID: visible here)."""
@@ -239,61 +233,30 @@ def kube(control_plane: Any) -> k8s.ApiClient:
     return api
 
 
-def plugin_image() -> str:
-    done = subprocess.run(
-        [sys.executable, str(BUILD_IMAGE), "--print-ref", "plugin"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return done.stdout.strip()
-
-
-def driver_values(control_plane: Any, **overrides: Any) -> dict[str, Any]:
-    """Chart values for the local cluster.
-
-    - the image from ``make image``, never pulled (no registry is reachable);
-    - simulated GPUs, :data:`NODE_CONFIG`;
-    - ``hostNetwork`` with the API server's loopback address: the local API server listens on
-      127.0.0.1, which a pod's own network namespace cannot reach;
-    - no metrics endpoint or probes (both nodes share the host's network: the ports would
-      collide);
-    - only the e2e nodes (the plain manifests installed by test_e2e_install must not land
-      there).
-    """
-    repo, _, tag = plugin_image().rpartition(":")
-    port = json.loads((control_plane.state_dir / "ports.json").read_text())["apiserver"]
-    values: dict[str, Any] = {
-        "image": {"repository": repo, "tag": tag, "pullPolicy": "Never"},
+def driver_values(control_plane: Any) -> dict[str, Any]:
+    """Chart values of the session's install: the local cluster's (image, API server address,
+    host network, no metrics ports; see hack/local_install.py), simulated GPUs laid out by
+    :data:`NODE_CONFIG`, and only the e2e nodes (the plain manifests that test_e2e_install
+    applies must not land there)."""
+    return {
+        **local_install.local_values(control_plane.state_dir),
         "gpus": GPUS,
         "nodeConfig": NODE_CONFIG,
-        "hostNetwork": True,
-        "extraEnv": [
-            {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
-            {"name": "KUBERNETES_SERVICE_PORT", "value": str(port)},
-        ],
-        "metricsPort": 0,
         "logLevel": "debug",
         "logFormat": "console",
         "publishInterval": 5,
-        "nodeSelector": {NODE_LABEL: "true"},
+        # Only the e2e label; null removes the chart's default selector key (Helm merges maps).
+        "nodeSelector": {NODE_LABEL: "true", "nvidia.com/gpu.present": None},
         "priorityClassName": "",
         "terminationGracePeriodSeconds": 5,
     }
-    values.update(overrides)
-    return values
 
 
 def helm(control_plane: Any, *args: str) -> str:
-    done = subprocess.run(
-        [str(BIN / "helm"), *args],
-        env={**os.environ, "KUBECONFIG": str(control_plane.kubeconfig)},
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.fail(f"helm {' '.join(args[:2])} failed: {done.stderr.strip()}")
-    return done.stdout
+    try:
+        return local_install.helm(control_plane.kubeconfig, *args).stdout
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
 
 
 @dataclass
@@ -309,8 +272,8 @@ class Driver:
         """``helm upgrade`` with changed values (waits for nothing)."""
         values = {**yaml.safe_load(self.values_file.read_text()), **overrides}
         self.values_file.write_text(yaml.safe_dump(values))
-        helm(self.control_plane, "upgrade", RELEASE, str(CHART), "-n", RELEASE_NAMESPACE,
-             "-f", str(self.values_file))  # fmt: skip
+        helm(self.control_plane, "upgrade", RELEASE, str(local_install.CHART), "-n",
+             RELEASE_NAMESPACE, "-f", str(self.values_file))  # fmt: skip
 
     def plugin_pods(self, node: str | None = None) -> list[dict[str, Any]]:
         selector = f"spec.nodeName={node}" if node else None
@@ -390,8 +353,10 @@ def driver(
         core.patch_node(n.name, {"metadata": {"labels": {NODE_LABEL: "true"}}})
     values_file = tmp_path_factory.mktemp("helm") / "values.yaml"
     values_file.write_text(yaml.safe_dump(driver_values(control_plane)))
-    helm(control_plane, "upgrade", "--install", RELEASE, str(CHART), "-n", RELEASE_NAMESPACE,
-         "--create-namespace", "-f", str(values_file))  # fmt: skip
+    try:
+        local_install.install(control_plane.kubeconfig, RELEASE, RELEASE_NAMESPACE, values_file)
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
     drv = Driver(control_plane, kube, values_file, nodes)
     try:
         drv.wait_rolled_out(timeout=120)

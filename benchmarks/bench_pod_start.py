@@ -1,0 +1,207 @@
+"""Pod start latency on a real node with and without a GPU-fraction claim; DaemonSet rollout.
+
+Starts the local cluster with one real node (hack/local-cluster + hack/local-node: kubelet,
+containerd, runc), installs the driver's Helm chart (simulated 8 x H200), then creates pods
+one at a time, alternating a plain pod (baseline, measured in the same run) and a pod with a
+``gpu-eighth`` claim, and times create -> Running (all containers running, polled every
+20 ms). Then ``helm upgrade`` with a changed value and the time until the DaemonSet has rolled
+out (new pod running, old one gone). Prints one table; asserts nothing.
+
+Usage: .venv/bin/python benchmarks/bench_pod_start.py [--pods 20] [--keep-cluster]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "hack"))
+import local_install  # noqa: E402
+
+NODE = "bench-node"
+NAMESPACE = "bench"
+RELEASE_NS = "gpu-fraction-dra"
+SCRIPT = "trap 'exit 0' TERM; while :; do sleep 1; done"
+
+
+def raw(resp: Any) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(resp.data)
+    return data
+
+
+def wait(what: str, fn: Any, timeout: float = 120.0, every: float = 0.02) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = fn()
+        if value:
+            return value
+        time.sleep(every)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def running(core: k8s.CoreV1Api, name: str) -> bool:
+    pod = raw(core.read_namespaced_pod(name, NAMESPACE, _preload_content=False))
+    statuses = pod["status"].get("containerStatuses") or []
+    return bool(statuses) and all(s.get("state", {}).get("running") for s in statuses)
+
+
+def pod_body(name: str, claim: bool) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": "main",
+        "image": "localhost/busybox:1.35",
+        "imagePullPolicy": "Never",
+        "command": ["sh", "-c", SCRIPT],
+    }
+    spec: dict[str, Any] = {
+        "nodeSelector": {"kubernetes.io/hostname": NODE},
+        "terminationGracePeriodSeconds": 1,
+        "dnsPolicy": "Default",
+        "containers": [container],
+    }
+    if claim:
+        container["resources"] = {"claims": [{"name": "gpu"}]}
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "eighth"}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def start_time(core: k8s.CoreV1Api, name: str, claim: bool) -> float:
+    t0 = time.monotonic()
+    core.create_namespaced_pod(NAMESPACE, k8s.V1Pod.from_dict(pod_body(name, claim)))
+    wait(f"pod {name} Running", lambda: running(core, name))
+    return time.monotonic() - t0
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def rollout(api: k8s.ApiClient, kubeconfig: Path, values: Path) -> float:
+    core = k8s.CoreV1Api(api)
+
+    def plugin_pods() -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = raw(
+            core.list_namespaced_pod(RELEASE_NS, _preload_content=False)
+        )["items"]
+        return items
+
+    old = {p["metadata"]["uid"] for p in plugin_pods()}
+    t0 = time.monotonic()
+    local_install.helm(
+        kubeconfig, "upgrade", "gpu-fraction-dra", str(local_install.CHART), "-n", RELEASE_NS,
+        "-f", str(values), "--set", "logLevel=debug",
+    )  # fmt: skip
+
+    def done() -> bool:
+        pods = plugin_pods()
+        uids = {p["metadata"]["uid"] for p in pods}
+        return (
+            len(pods) == 1
+            and not uids & old
+            and all(
+                s.get("state", {}).get("running")
+                for p in pods
+                for s in p["status"].get("containerStatuses") or [{}]
+            )
+        )
+
+    wait("rollout", done, timeout=180, every=0.05)
+    return time.monotonic() - t0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pods", type=int, default=20, help="pods of each kind")
+    parser.add_argument("--keep-cluster", action="store_true")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="dra-bench-"))
+    state = work / "cluster"
+    env = {
+        **os.environ,
+        "LOCAL_CLUSTER_DIR": str(state),
+        "LOCAL_CLUSTER_NODES": NODE,
+        "LOCAL_NODE_LABELS": "nvidia.com/gpu.present=true",  # the chart's node selector
+    }
+    cluster = [sys.executable, str(REPO / "hack" / "local-cluster")]
+    subprocess.run([sys.executable, str(REPO / "hack" / "build-image")], check=True)
+    subprocess.run([*cluster, "up"], env=env, check=True)
+    try:
+        kubeconfig = state / "kubeconfig"
+        api = k8s_config.new_client_from_config(config_file=str(kubeconfig))
+        core = k8s.CoreV1Api(api)
+        values = work / "values.yaml"
+        values.write_text(
+            yaml.safe_dump(
+                {
+                    **local_install.local_values(state),
+                    "gpus": "simulated:H200x8",
+                    "logLevel": "info",
+                }
+            )
+        )
+        local_install.install(kubeconfig, "gpu-fraction-dra", RELEASE_NS, values)
+        wait(
+            "slices",
+            lambda: raw(k8s.ResourceV1Api(api).list_resource_slice(_preload_content=False))[
+                "items"
+            ],
+            timeout=180,
+            every=0.2,
+        )
+        core.create_namespace(k8s.V1Namespace.from_dict({"metadata": {"name": NAMESPACE}}))
+        wait("default SA", lambda: core.list_namespaced_service_account(NAMESPACE).items)
+        k8s.ResourceV1Api(api).create_namespaced_resource_claim_template(
+            NAMESPACE,
+            k8s.V1ResourceClaimTemplate.from_dict(
+                {
+                    "metadata": {"name": "eighth"},
+                    "spec": {
+                        "spec": {
+                            "devices": {
+                                "requests": [
+                                    {"name": "gpu", "exactly": {"deviceClassName": "gpu-eighth"}}
+                                ]
+                            }
+                        }
+                    },
+                }
+            ),
+        )
+        # Warm-up: the first pod of each kind pays one-time costs (image snapshot, CNI).
+        start_time(core, "warm-plain", False)
+        start_time(core, "warm-claim", True)
+        plain, claim = [], []
+        for i in range(args.pods):
+            plain.append(start_time(core, f"plain-{i}", False))
+            claim.append(start_time(core, f"claim-{i}", True))
+        took = rollout(api, kubeconfig, values)
+        print(f"\npod start latency, create -> Running, {args.pods} pods each, one real node")
+        print(f"{'':28} {'p50':>8} {'p90':>8} {'mean':>8}")
+        for label, xs in (("plain pod (baseline)", plain), ("pod with gpu-eighth claim", claim)):
+            print(
+                f"{label:28} {pct(xs, 0.5):7.2f}s {pct(xs, 0.9):7.2f}s "
+                f"{statistics.mean(xs):7.2f}s"
+            )
+        print(f"p50 ratio claim/baseline: {pct(claim, 0.5) / pct(plain, 0.5):.2f}")
+        print(f"DaemonSet rollout on helm upgrade (1 node, running pods kept): {took:.1f}s")
+    finally:
+        if not args.keep_cluster:
+            subprocess.run([*cluster, "down"], env=env, check=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""Installing the driver's Helm chart into the local cluster (hack/local-cluster with real nodes
+from hack/local-node), shared by `make demo`, the end-to-end tests and the benchmarks.
+
+Standard library only (plus the `helm` binary that hack/build-k8s builds).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+HACK = Path(__file__).resolve().parent
+REPO = HACK.parent
+CHART = REPO / "deployments" / "helm" / "gpu-fraction-dra"
+CACHE = Path(os.environ.get("DRA_DRIVER_CACHE", str(Path.home() / ".cache" / "dra-driver")))
+BIN = CACHE / "bin"
+
+
+def plugin_image() -> tuple[str, str]:
+    """(repository, tag) of the plugin image that ``make image`` builds."""
+    ref = subprocess.run(
+        [sys.executable, str(HACK / "build-image"), "--print-ref", "plugin"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    repo, _, tag = ref.rpartition(":")
+    return repo, tag
+
+
+def local_values(cluster_dir: Path) -> dict[str, Any]:
+    """Chart values that every install into the local cluster needs.
+
+    - the image from ``make image``, never pulled (it was imported into each node);
+    - ``hostNetwork`` with the API server's loopback address: the local API server listens on
+      127.0.0.1 only, which a pod's own network namespace cannot reach;
+    - no metrics endpoint and no probes: nodes on one machine share its network, so the
+      metrics ports of two nodes' plugins (or of the old and new pod during a rolling update)
+      would collide.
+    """
+    repo, tag = plugin_image()
+    port = json.loads((cluster_dir / "ports.json").read_text())["apiserver"]
+    return {
+        "image": {"repository": repo, "tag": tag, "pullPolicy": "Never"},
+        "hostNetwork": True,
+        "extraEnv": [
+            {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+            {"name": "KUBERNETES_SERVICE_PORT", "value": str(port)},
+        ],
+        "metricsPort": 0,
+    }
+
+
+def helm(kubeconfig: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run the locally built helm against ``kubeconfig``.
+
+    Raises:
+        RuntimeError: when helm fails and ``check`` is set (its stderr in the message).
+    """
+    done = subprocess.run(
+        [str(BIN / "helm"), *args],
+        env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+        capture_output=True,
+        text=True,
+    )
+    if check and done.returncode != 0:
+        raise RuntimeError(f"helm {' '.join(args[:2])} failed: {done.stderr.strip()}")
+    return done
+
+
+def install(kubeconfig: Path, release: str, namespace: str, values_file: Path, *extra: str) -> None:
+    """``helm upgrade --install`` of the chart with ``values_file`` (create the namespace)."""
+    helm(kubeconfig, "upgrade", "--install", release, str(CHART), "--namespace", namespace,
+         "--create-namespace", "-f", str(values_file), *extra)  # fmt: skip
+
+
+def container_log(node_dir: Path, namespace: str, pod: str, container: str) -> list[str]:
+    """A container's output as the node's kubelet logged it (CRI log format, text only).
+
+    ``node_dir`` is the node's directory (``<cluster dir>/nodes/<name>``); the kubelet writes
+    ``/var/log/pods/<namespace>_<pod>_<uid>/<container>/<restart>.log`` there.
+    """
+    lines = []
+    for path in sorted((node_dir / "pod-logs").glob(f"{namespace}_{pod}_*/{container}/*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            parts = line.split(" ", 3)
+            lines.append(parts[3] if len(parts) == 4 else line)
+    return lines
