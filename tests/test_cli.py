@@ -94,6 +94,7 @@ def _start_plugin(
             f"--registry-dir={tmp}/r",
             f"--cdi-root={tmp}/cdi",
             f"--state-dir={tmp}/s",
+            f"--mps-root={tmp}/run",
             "--publish-interval=3600",
             *extra,
         ],
