@@ -61,7 +61,7 @@ def running(core: k8s.CoreV1Api, name: str) -> bool:
 def pod_body(name: str, claim: bool) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": "main",
-        "image": "localhost/busybox:1.35",
+        "image": "localhost/busybox:1.35.0",
         "imagePullPolicy": "Never",
         "command": ["sh", "-c", SCRIPT],
     }

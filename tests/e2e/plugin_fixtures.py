@@ -47,7 +47,7 @@ RELEASE = "gfd-e2e"
 RELEASE_NAMESPACE = "gpu-fraction-e2e"
 NODE_NAMES = ("gpu-node-1", "gpu-node-2")
 NODE_LABEL = "gpu-fraction.dra.dev/e2e-node"
-WORKLOAD_IMAGE = "localhost/busybox:1.35"
+WORKLOAD_IMAGE = "localhost/busybox:1.35.0"
 GPUS = "simulated:H200x12"
 NODE_CONFIG: dict[str, Any] = {
     # GPUs 0-3: products, time-slicing (the defaults); 4-7: capacity, sm-sharing;
