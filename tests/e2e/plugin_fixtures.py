@@ -562,8 +562,8 @@ class PreparedClaim:
 
 
 def cdi_validator() -> Any:
-    """The CDI JSON-schema validator of the unit tests (reference/cdi-schema)."""
-    from tests.test_cdi import validator
+    """The CDI JSON-schema validator of the unit tests (``tests/data/cdi-schema``)."""
+    from tests.cdischema import validator
 
     return validator()
 
