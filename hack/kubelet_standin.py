@@ -87,7 +87,9 @@ GET_INFO_TIMEOUT = 1.0
 NOTIFY_TIMEOUT = 5.0
 DIAL_TIMEOUT = 10.0
 PREPARE_TIMEOUT = 45.0
-"""Kubelet timeouts (seconds; see reference/dra-notes.md, "Kubelet plugin protocol")."""
+"""Kubelet timeouts (seconds): k8s.io/kubernetes ``pkg/kubelet/cm/dra/plugin/dra_plugin.go``
+(Prepare/Unprepare) and ``pkg/kubelet/pluginmanager/operationexecutor/operation_generator.go``
+(dial, ``GetInfo``, ``NotifyRegistrationStatus``)."""
 
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 MAX_EVENT_MESSAGE = 1024
