@@ -36,7 +36,7 @@ KIND = "NodeConfig"
 
 FRACTION_MODELS = ("products", "capacity")
 """How a GPU is published: fixed-size product devices sharing counters, or one device with
-consumable ``memory`` capacity (see ``DESIGN.md``, "Two ways to publish fractions")."""
+consumable ``memory`` capacity (see ``docs/node-config.md``, "What gets published")."""
 
 COMPUTE_MODES = ("time-slicing", "sm-sharing")
 """Compute mode of a GPU: tenants take turns (time-slicing) or run concurrently under MPS."""

@@ -1,14 +1,16 @@
 """What each GPU can enforce: the ``memoryEnforcement`` tier, detected at plugin start-up.
 
-Tiers (DESIGN.md "Memory enforcement"; facts from ``shared/reference/mps-notes.md``):
+Tiers (``docs/enforcement.md``, "Tiers"; sources listed there):
 
 - ``hard``: MPS v3 plus the driver's per-container memory limits: driver r615+ / CUDA >= 13.4
-  (notes 1, 3.5), cgroup v2 mounted at ``/sys/fs/cgroup``, MIG off, the toolkit's
-  ``nvidia-cdi-hook`` on the host (notes 6.1), and an ``nvidia-cuda-mps-control`` whose
-  ``-p 3 -h`` lists the ``namespace`` module (notes 1).
+  (NVIDIA MPS docs, "MPS v3 Memory Partitioning"), cgroup v2 mounted at ``/sys/fs/cgroup``,
+  MIG off, the toolkit's ``nvidia-cdi-hook`` on the host (NVIDIA Container Toolkit,
+  ``apply-cuda-memory-limits``), and an ``nvidia-cuda-mps-control`` whose ``-p 3 -h`` lists
+  the ``namespace`` module (the check NVIDIA's Dynamo MPS guide gives).
 - ``cooperative``: MPS v3 is there but the driver-enforced per-container limit is not (old
   driver/CUDA, no cgroup v2, no hook): only the namespace's pinned memory limit applies,
-  which the MPS client runtime enforces and which a tenant can defeat (notes 3.4).
+  which the MPS client runtime enforces and which a tenant can defeat (a bad
+  ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` entry drops it; ``docs/enforcement.md``).
 - ``none``: no usable MPS: the program is missing, only protocol v2 exists (this driver
   enforces through v3 namespaces; a v2 path would need one daemon per claim), or MIG is on.
   Memory is not capped; never present it as capped.
@@ -134,7 +136,8 @@ def probe_mps(runner: Runner, binary: str = CONTROL_BINARY) -> str:
     runs without it, ``absent`` when it cannot be run.
 
     The probe points ``CUDA_MPS_PIPE_DIRECTORY`` at an empty private directory so that it never
-    talks to a running daemon (a running daemon imposes its own protocol, notes 1).
+    talks to a running daemon (a running daemon imposes its own protocol: NVIDIA MPS docs,
+    "MPS v3 Interface").
     """
     with tempfile.TemporaryDirectory(prefix="mps-probe-") as tmp:
         env = {

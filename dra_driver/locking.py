@@ -1,9 +1,10 @@
 """One lock for Prepare/Unprepare shared by threads and by plugin instances.
 
 During a rolling update two plugin processes serve the same node; the kubelet may send
-Prepare to one and Unprepare to the other (dra-notes: "serialize through a file lock
-shared by instances"). :class:`PrepareLock` holds a ``threading.Lock`` and an exclusive
-``flock`` on a file in the plugin directory.
+Prepare to one and Unprepare to the other (k8s.io/dynamic-resource-allocation
+``kubeletplugin``, ``DRAPlugin.UnprepareResourceClaims`` and ``RollingUpdate``), so the
+instances serialize through a file lock. :class:`PrepareLock` holds a ``threading.Lock`` and
+an exclusive ``flock`` on a file in the plugin directory.
 """
 
 from __future__ import annotations

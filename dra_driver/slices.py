@@ -25,8 +25,8 @@ Slices (Kubernetes >= 1.35 layout): counter sets go in their own slices (at most
 devices in further slices (at most 64 each, since they consume counters or allow multiple
 allocations; one GPU's devices are never split across slices), all in pool ``<node>`` with one
 ``generation`` and ``resourceSliceCount``.
-Limits are from the resource.k8s.io/v1 API (``ResourceSliceMaxDevices...``, see
-``reference/dra-notes.md``).
+Limits are from the resource.k8s.io/v1 API (``ResourceSliceMaxDevices...`` in k8s.io/api
+``resource/v1/types.go``).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ RESOURCE_API_VERSION = "resource.k8s.io/v1"
 """API group/version of ResourceSlice and DeviceClass bodies."""
 
 ENFORCEMENT_LEVELS = ("hard", "cooperative", "none")
-"""Values of the ``memoryEnforcement`` attribute (see DESIGN.md, "Memory enforcement")."""
+"""Values of the ``memoryEnforcement`` attribute (see ``docs/enforcement.md``, "Tiers")."""
 
 MAX_DEVICES_PER_SLICE_ADVANCED = 64
 """Devices per slice when a device consumes counters, has taints or allows multiple allocations

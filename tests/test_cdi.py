@@ -6,33 +6,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import pytest
-import referencing
-import referencing.jsonschema
 from hypothesis import given
 from hypothesis import strategies as st
 
 from dra_driver import cdi
 from dra_driver.ids import PrepareError
+from tests.cdischema import load, validator
 
-SCHEMA_DIR = Path(__file__).resolve().parents[2] / "shared" / "reference" / "cdi-schema"
 UID = "0b8f6f4e-1c2d-4e5f-8a9b-0c1d2e3f4a5b"
-
-
-def validator() -> jsonschema.Draft7Validator:
-    schema = json.loads((SCHEMA_DIR / "schema.json").read_text())
-    defs = json.loads((SCHEMA_DIR / "defs.json").read_text())
-    registry = referencing.Registry().with_resource(
-        "defs.json",
-        referencing.Resource.from_contents(
-            defs, default_specification=referencing.jsonschema.DRAFT7
-        ),
-    )
-    return jsonschema.Draft7Validator(schema, registry=registry)
-
-
-pytestmark = pytest.mark.skipif(not SCHEMA_DIR.exists(), reason="shared/reference missing")
 
 
 def sample_spec() -> dict[str, Any]:
@@ -49,12 +31,8 @@ def sample_spec() -> dict[str, Any]:
 
 def test_schema_fixtures_behave() -> None:
     v = validator()
-    assert not list(
-        v.iter_errors(json.loads((SCHEMA_DIR / "testdata/good/minimal.json").read_text()))
-    )
-    assert list(
-        v.iter_errors(json.loads((SCHEMA_DIR / "testdata/bad/explicit-empty.json").read_text()))
-    )
+    assert not list(v.iter_errors(load("testdata/good/minimal.json")))
+    assert list(v.iter_errors(load("testdata/bad/explicit-empty.json")))
 
 
 def test_claim_spec_validates_and_uses_lowest_version() -> None:

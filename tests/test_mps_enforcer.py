@@ -12,6 +12,7 @@ from dra_driver import cdi
 from dra_driver.cdi import Hook, Mount
 from dra_driver.mps import MpsError, MpsOptions
 from dra_driver.mps.enforcer import MpsEnforcer, plan_targets, target_edits
+from tests.cdischema import validator
 from tests.fakes.plans import GIB, Node, device, plan
 
 UID_A = "0a000000-0000-4000-8000-00000000000a"
@@ -105,10 +106,6 @@ def test_sm_sharing_default_threads_from_options(tmp_path: Path) -> None:
 
 
 def test_cdi_spec_with_hooks_is_valid(tmp_path: Path) -> None:
-    from tests.test_cdi import SCHEMA_DIR, validator
-
-    if not SCHEMA_DIR.exists():
-        pytest.skip("shared/reference missing")
     node = Node(tmp_path)
     edits = node.enforcer.apply(plan(device(node.gpus[0], GIB, 2 * GIB), uid=UID_A))
     spec = cdi.build_spec(

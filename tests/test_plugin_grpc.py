@@ -22,8 +22,8 @@ from dra_driver._proto import (
 from dra_driver.gpus import MIB
 from dra_driver.kubelet.server import PluginServer, SocketPaths
 from tests import claimfactory as cf
+from tests.cdischema import validator
 from tests.conftest import NODE, Kubelet, Node, kubelet_connect
-from tests.test_cdi import validator
 
 Served = tuple[Node, PluginServer, Kubelet]
 

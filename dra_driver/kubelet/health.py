@@ -1,9 +1,9 @@
 """``DRAResourceHealth`` (v1alpha1 and v1): a stream of every device's health.
 
-Each message carries the complete device list (dra-notes: devices not reported turn
-Unknown after their timeout, and the kubelet shows the status in the pod's
-``status.containerStatuses[].allocatedResourcesStatus``). What is healthy is decided by the
-plugin (see :class:`DeviceStatus`).
+Each message carries the complete device list: the kubelet turns a device it has not heard
+about Unknown once its timeout passes (k8s.io/kubernetes ``pkg/kubelet/cm/dra/healthinfo.go``)
+and shows the status in the pod's ``status.containerStatuses[].allocatedResourcesStatus``.
+What is healthy is decided by the plugin (see :class:`DeviceStatus`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import grpc
 HEALTH_TIMEOUT_SECONDS = 60
 """How long the kubelet trusts one report; we resend well within it."""
 MESSAGE_LIMIT = 1024
-"""The kubelet keeps at most 1024 characters of a health message (dra-notes)."""
+"""The kubelet keeps at most 1024 characters of a health message (k8s.io/api ``core/v1``
+``ResourceHealthMessageMaxLength``; ``pkg/kubelet/cm/dra/manager.go`` truncates)."""
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """``pluginregistration.Registration``: how the kubelet discovers the plugin.
 
 The kubelet watches ``<registry-dir>`` for ``<driver>-reg.sock``, calls ``GetInfo`` and
-then ``NotifyRegistrationStatus`` (dra-notes: "Kubelet plugin protocol").
+then ``NotifyRegistrationStatus`` (k8s.io/kubernetes ``pkg/kubelet/pluginmanager``).
 """
 
 from __future__ import annotations

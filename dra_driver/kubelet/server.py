@@ -1,6 +1,7 @@
 """The two gRPC servers on unix sockets: registration and DRA (+ health).
 
-Socket paths (dra-notes): registration ``<registry-dir>/<driver>-reg.sock`` and DRA
+Socket paths (as k8s.io/dynamic-resource-allocation ``kubeletplugin/draplugin.go`` names
+them): registration ``<registry-dir>/<driver>-reg.sock`` and DRA
 ``<plugin-dir>/<driver>/dra.sock``; with a rolling-update UID (the pod UID)
 ``<driver>-<uid>-reg.sock`` and ``dra-<uid>.sock`` so old and new instances coexist.
 """

@@ -1,9 +1,9 @@
 """The MPS v3 control CLI (``nvidia-cuda-mps-control``) for one control daemon, via a Runner.
 
-Grammar and columns follow ``shared/reference/mps-notes.md`` section 2: ``<module> <verb>
+Grammar and columns follow the NVIDIA MPS docs, "MPS v3 Interface": ``<module> <verb>
 [positional...] [--key=value ...]``; list verbs take ``--format=csv,noheader``. Every command
 runs with the daemon's ``CUDA_MPS_PIPE_DIRECTORY`` / ``CUDA_MPS_LOG_DIRECTORY`` and
-``CUDA_MPS_PROTOCOL_VERSION=3`` (the env var wins over ``-p``, notes 1).
+``CUDA_MPS_PROTOCOL_VERSION=3`` (the env var wins over ``-p``, same page).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dra_driver.runner import Completed, Runner
 CONTROL_BINARY = "nvidia-cuda-mps-control"
 """Default control program (looked up in ``PATH``)."""
 CSV = "--format=csv,noheader"
-"""Machine-readable output of list verbs (notes 2.2)."""
+"""Machine-readable output of list verbs (MPS v3 Interface: ``--format``)."""
 
 
 class MpsCommandError(MpsError):
@@ -35,7 +35,7 @@ class MpsCommandError(MpsError):
 @dataclass(frozen=True)
 class ServerRow:
     """One row of ``server list``: name, uid, pid, status, pipe-directory, allowed-devices,
-    context-ids (notes 2.3)."""
+    context-ids (MPS v3 Interface, ``server list``)."""
 
     name: str
     uid: str
@@ -49,7 +49,8 @@ class ServerRow:
 @dataclass(frozen=True)
 class NamespaceRow:
     """One row of ``namespace list``: name, server, server-status, pinned-memory-limit,
-    active-thread-percentage, client-priority, pipe-directory (notes 2.4)."""
+    active-thread-percentage, client-priority, pipe-directory (MPS v3 Interface,
+    ``namespace list``)."""
 
     name: str
     server: str
@@ -182,7 +183,8 @@ class MpsControl:
     def start_daemon(self, config_file: Path | None) -> None:
         """Start the control daemon in the background: ``-p 3 -m -d [-a <toml>]``.
 
-        ``-m`` (multi-user) lets containers of any UID share root-owned servers (notes 5).
+        ``-m`` (multi-user) lets containers of any UID share root-owned servers (NVIDIA MPS docs,
+        "Architecture" and "MPS v3 Interface").
         """
         args = ["-p", "3", "-m", "-d"]
         if config_file is not None:

@@ -4,15 +4,16 @@ The enforcer runs one daemon per compute mode that has claims on the node (so at
 
 - ``sm-sharing``: ``[features.context-share] enabled = true, default_socket = "off"`` — clients
   of a named server share one GPU context and run concurrently on the SMs (the KAI/NVIDIA
-  arrangement, mps-notes 2.8 and 4.2);
+  arrangement; ``docs/enforcement.md``, "Compute modes");
 - ``time-slicing``: ``[features.context-share] enabled = false`` — [INFERRED] each client keeps
   its own context, so the GPU time-slices between them while MPS still applies the namespace's
   memory and thread limits. ``hack/gpu-check`` measures whether clients really run
   concurrently.
 
-The TOML is read once at start-up (notes 2.9), hence one daemon per mode rather than one per
-node. Both have ``memacct`` on (the default). Directories: ``<root>/<mode>/pipe`` (the
-``CUDA_MPS_PIPE_DIRECTORY``; must be node-local, notes 2.10) and ``<root>/<mode>/log``.
+The TOML is applied once at start-up (NVIDIA MPS docs, "MPS v3 Configuration File"), hence
+one daemon per mode rather than one per node. Both have ``memacct`` on (the default).
+Directories: ``<root>/<mode>/pipe`` (the ``CUDA_MPS_PIPE_DIRECTORY``; node-local, as it holds
+the sockets) and ``<root>/<mode>/log``.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def daemon_pipe_dir(root: Path, mode: str) -> Path:
 
 
 def config_toml(mode: str) -> str:
-    """The daemon's ``-a`` configuration for ``mode`` (schema of notes 2.9, 615 keys only)."""
+    """The daemon's ``-a`` configuration for ``mode`` (only keys of the Release 615 "MPS v3
+    Configuration File" page)."""
     if mode not in MODES:
         raise MpsError(f"unknown compute mode {mode!r}")
     share = (
@@ -103,7 +105,8 @@ class MpsDaemon:
     def ensure_running(self) -> bool:
         """Start the daemon unless it answers already; return True when it was (re)started.
 
-        A stale ``control`` socket left by a crashed daemon is removed first (notes 5).
+        A stale ``control`` socket left by a crashed daemon is removed first
+        (``docs/enforcement.md``, "Lifecycle").
 
         Raises:
             MpsError: when the daemon does not start or does not answer afterwards.

@@ -1,7 +1,8 @@
 """The real :class:`~dra_driver.mps.base.FractionEnforcer`: MPS v3 namespaces plus, on ``hard``
 GPUs, the driver's per-container memory limits. Design and sources: ``docs/enforcement.md``
-and ``shared/reference/mps-notes.md``. The pure decisions (targets, edits, validation) live in
-:mod:`dra_driver.mps.targets`, shared with the simulated :class:`RecordingEnforcer`.
+(its "Sources" section lists the upstream documents). The pure decisions (targets, edits,
+validation) live in :mod:`dra_driver.mps.targets`, shared with the simulated
+:class:`RecordingEnforcer`.
 
 Layout on the node (host paths; the plugin sees them at the same paths):
 
@@ -12,10 +13,11 @@ Layout on the node (host paths; the plugin sees them at the same paths):
 - per single-GPU claim one namespace ``c_<uid>`` on that server, ALWAYS with both a pinned
   memory limit (the claim's limit, whole MiB) and an active thread percentage (time-slicing:
   100; sm-sharing: the claim's value or ``default_active_thread_percentage``), because named
-  namespaces inherit nothing from the server (notes 2.4);
+  namespaces inherit nothing from the server (``docs/enforcement.md``, "Layout and commands");
 - per multi-GPU claim its own server ``m_<uid>`` with ``--allowed-devices=<UUID>,<UUID>...``
   (all its GPUs, one mode) and one namespace ``c_<uid>`` on it (same limits rule; the limit
-  applies to each GPU, notes 3.3); deleted with the claim (clients terminated first);
+  applies to each GPU, ``docs/enforcement.md``, "Multi-device claims"); deleted with the
+  claim (clients terminated first);
 - the claim's container gets only its namespace's pipe directory, bind-mounted at
   ``/tmp/nvidia-mps``, and ``CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps``;
 - ``hard`` GPUs add the toolkit's ``createRuntime`` memory-limit hook (one per device, for the
@@ -501,7 +503,8 @@ class MpsEnforcer:
         self, ctl: MpsControl, server: str, namespace: str | None = None
     ) -> None:
         """``client terminate`` every client of ``server`` (of ``namespace`` only, if given)
-        before removing it: a client killed with work in flight can wedge the GPU (notes 4.3)."""
+        before removing it: a client killed with work in flight can wedge the GPU
+        (``docs/enforcement.md``, "Lifecycle")."""
         for client in ctl.client_list(server):
             if namespace is not None and client.namespace != namespace:
                 continue

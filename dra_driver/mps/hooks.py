@@ -1,14 +1,16 @@
 """CDI hooks for the ``hard`` tier: driver-enforced per-container memory limits.
 
-1. The NVIDIA Container Toolkit's ``apply-cuda-memory-limits`` hook (mps-notes 6.1), a
-   ``createRuntime`` hook, one per GPU: it reads ``NVIDIA_GPU_MEMORY_REQUEST`` (soft limit) and
+1. The NVIDIA Container Toolkit's ``apply-cuda-memory-limits`` hook
+   (github.com/NVIDIA/nvidia-container-toolkit, ``cmd/nvidia-cdi-hook/apply-cuda-memory-limits``),
+   a ``createRuntime`` hook, one per GPU: it reads ``NVIDIA_GPU_MEMORY_REQUEST`` (soft limit) and
    ``NVIDIA_GPU_MEMORY_LIMIT`` (hard limit), whole MiB, singular names, from the container's
    env, and does nothing unless BOTH are set; then sets them on the container's own cgroup via
    ``nvmlDeviceSetMemoryLimits_v1``. Hook paths are host paths.
 2. Our ``createRuntime`` *record* hook: a ``/bin/sh`` one-liner (no binary of ours on the host)
    that writes the container's cgroup path into ``<record-dir>/<claim-uid>/<container-id>``.
    Unprepare uses these records to undo the soft-limit reservation that the dmem backend leaves
-   on ancestor cgroups when a container's cgroup is removed (notes 3.5; see
+   on ancestor cgroups when a container's cgroup is removed (NVIDIA MPS docs, "MPS v3 Memory
+   Partitioning"; see
    :mod:`dra_driver.mps.janitor`). It never fails the container.
 
 A ``poststop`` hook cannot do that job: runc removes the container's cgroup *before* it runs

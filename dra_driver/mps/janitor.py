@@ -1,10 +1,11 @@
-"""Undo the soft-limit reservation a container leaves behind (dmem backend, mps-notes 3.5).
+"""Undo the soft-limit reservation a container leaves behind (dmem backend).
 
 With the dmem backend the driver raises every ancestor cgroup's ``dmem.min`` by a leaf's soft
 limit; when the runtime deletes the leaf directly (normal exit), the ancestors keep that
-reservation. NVIDIA's advice is to zero the soft limit before the cgroup goes, which no OCI
-hook can do (see :mod:`dra_driver.mps.hooks`). What we do instead, at Unprepare (the kubelet
-calls it after every container of the pod has stopped):
+reservation (NVIDIA MPS docs, "MPS v3 Memory Partitioning"; ``docs/enforcement.md``,
+"Soft-limit reservation drift"). NVIDIA's advice is to zero the soft limit before the cgroup
+goes, which no OCI hook can do (see :mod:`dra_driver.mps.hooks`). What we do instead, at
+Unprepare (the kubelet calls it after every container of the pod has stopped):
 
 - for each container recorded by the record hook: if its cgroup still exists, set soft 0 /
   hard max on it (covered);

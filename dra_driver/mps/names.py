@@ -1,8 +1,9 @@
 """Pure helpers for MPS v3 object names and memory values.
 
-Sources (see ``shared/reference/mps-notes.md``): server and namespace names are lower-case
-letters, digits and underscore, at most 64 characters (2.2); memory values take the binary
-suffixes ``G``, ``M``, ``K`` (``10G`` = 10,737,418,240 bytes, 2.2).
+Sources: server and namespace names are lower-case letters, digits and underscore, at most 64
+characters, and memory values take the suffixes ``G``, ``M``, ``K`` (NVIDIA MPS docs, "MPS v3
+Interface"); the suffixes are binary (``10G`` = 10,737,418,240 bytes, NVIDIA Dynamo docs,
+"Per-GPU Compute and Memory Limits with MPS").
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Real implementation: :class:`PynvmlFacade` (``nvidia-ml-py`` 13.615.71, module ``pynvml``).
 Per-cgroup memory limits (``nvmlDeviceGet/SetMemoryLimits_v1``) exist from driver r615 /
-CUDA 13.4; sizes are bytes; the namespace is the cgroup directory path (mps-notes 3.5).
+CUDA 13.4; sizes are bytes; the namespace is the cgroup directory path (NVIDIA MPS docs,
+"MPS v3 Memory Partitioning").
 """
 
 from __future__ import annotations

@@ -16,8 +16,9 @@ thread percentages summed, capped at 100).
 Multi-GPU claims (MPS devices on several GPUs): a client connects to one pipe directory, so the
 claim gets its own server ``m_<uid>`` whose ``--allowed-devices`` are all its GPUs, in the
 daemon of its compute mode, with one namespace ``c_<uid>``. A namespace has one pinned memory
-limit, applied to each GPU (mps-notes 3.3), and one thread percentage, and the hook's
-``NVIDIA_GPU_MEMORY_REQUEST``/``_LIMIT`` env is container-wide (notes 6.1); so every GPU of the
+limit, applied to each GPU, and one thread percentage, and the hook's
+``NVIDIA_GPU_MEMORY_REQUEST``/``_LIMIT`` env is container-wide (``docs/enforcement.md``,
+"Multi-device claims", with sources); so every GPU of the
 claim must have the same mode, tier, limit and thread percentage, and on ``hard`` GPUs the same
 request. Each device still gets the memory-limit hook for its own GPU only.
 """
@@ -297,7 +298,8 @@ def _join_gpus(who: str, targets: list[FractionTarget]) -> tuple[FractionTarget,
 
 def namespace_pipe_dir(target: FractionTarget, options: MpsOptions) -> str:
     """Host path of the target's namespace pipe directory:
-    ``<root>/mps/<mode>/pipe/<server>/<namespace>`` (the MPS v3 layout, notes 2.5)."""
+    ``<root>/mps/<mode>/pipe/<server>/<namespace>`` (the MPS v3 layout: NVIDIA MPS docs,
+    "MPS v3 Namespaces")."""
     pipe = daemon_pipe_dir(options.mps_root, target.mode)
     return str(pipe / target.server / target.namespace)
 
@@ -308,8 +310,8 @@ def target_edits(
     """Pure: the CDI edits of one device of ``target`` (env, the pipe mount, hooks).
 
     ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` mirrors the namespace's SM ceiling when there is one
-    (sm-sharing, below 100); in v3 the namespace value wins over the client's (notes 4.1), so
-    it only informs the workload.
+    (sm-sharing, below 100); in v3 the namespace value wins over the client's (NVIDIA MPS
+    docs, "Appendix: Environment Variables"), so it only informs the workload.
 
     Args:
         target: the claim's target on the device's GPU.

@@ -1,9 +1,10 @@
 """The usage source for :mod:`dra_driver.accounting` on real nodes (MPS + NVML).
 
-- clients: ``client list --server=<s>`` rows whose namespace is the claim's (mps-notes 2.6), by
+- clients: ``client list --server=<s>`` rows whose namespace is the claim's (MPS v3 Interface), by
   PID; a multi-GPU claim's clients (on its own server ``m_<uid>``) count under each of its GPUs;
 - used memory, ``hard`` tier: the sum of ``currentUsed`` from ``nvmlDeviceGetMemoryLimits_v1``
-  over the claim's recorded container cgroups that still exist (notes 3.5, 5);
+  over the claim's recorded container cgroups that still exist (NVIDIA MPS docs, "MPS v3
+  Memory Partitioning");
 - used memory otherwise (or when no cgroup is recorded): the sum of ``usedGpuMemory`` of the
   claim's client PIDs in ``nvmlDeviceGetMPSComputeRunningProcesses_v3`` ([INFERRED] that it
   reports per-client memory under MPS; verify on hardware). No clients -> 0 bytes. For a

@@ -1,14 +1,15 @@
-"""A fake ``nvidia-cuda-mps-control`` (v3 grammar, mps-notes section 2) and a fake NVML facade.
+"""A fake ``nvidia-cuda-mps-control`` (the grammar of NVIDIA's "MPS v3 Interface") and a fake
+NVML facade.
 
 :class:`FakeMpsControl` implements the Runner interface: it answers the argv a real
 ``subprocess`` call would get, keyed by ``CUDA_MPS_PIPE_DIRECTORY`` (several daemons may run).
 It creates and removes the daemon's directories and sockets (as plain files) on the real
 filesystem, so tests can check what is left behind.
 
-Failure modes, as the notes describe them:
+Failure modes, as ``docs/enforcement.md`` describes them:
 
 - a server created for a UUID MPS cannot see is accepted (rc 0), listed for
-  ``vanish_after_lists`` more ``server list`` calls, then gone (notes 2.3);
+  ``vanish_after_lists`` more ``server list`` calls, then gone;
 - :meth:`FakeMpsControl.crash`: the daemon dies; servers, namespaces and clients are gone, the
   stale ``control`` socket and namespace directories stay;
 - busy clients: ``namespace delete`` without ``--force`` and ``server delete`` without
