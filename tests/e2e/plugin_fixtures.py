@@ -36,9 +36,9 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
-from tests.cdischema import validator as cdi_validator
 
 from dra_driver import DEFAULT_DRIVER_NAME
+from tests.cdischema import validator as cdi_validator
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL_NODE = REPO / "hack" / "local-node"
