@@ -156,7 +156,8 @@ def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
     """Run the plugin until SIGTERM/SIGINT (or ``stop``); returns the exit code."""
     stop = stop or threading.Event()
     config = load_node_config(opts.node_config)
-    state = NodeState(open_source(opts.gpus, seed=opts.node_name), config)
+    lost_file = opts.sim_root / simnode.LOST_GPUS if opts.simulated else None
+    state = NodeState(open_source(opts.gpus, seed=opts.node_name, lost_file=lost_file), config)
     state.refresh()
     warn_unmatched_selectors(config, state.inventory.gpus, source=opts.node_config)
     device_root = "/"

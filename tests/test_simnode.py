@@ -102,3 +102,18 @@ def test_recording_enforcer_creates_and_removes_pipe_dirs(tmp_path: Path, make_d
     assert not any(Path(m).exists() for m in mounts)
     enforcer.restore([p])  # after a plugin restart the directories come back
     assert all(Path(m).is_dir() == make_dirs for m in mounts)
+
+
+def test_lost_gpus_file_takes_gpus_away_and_back(tmp_path: Path) -> None:
+    from dra_driver.gpus import SimulatedGpuSource
+
+    lost = tmp_path / simnode.LOST_GPUS
+    source = SimulatedGpuSource("simulated:H200x3", seed="n1", lost_file=lost)
+    assert [g.index for g in source.discover().gpus] == [0, 1, 2]
+    lost.write_text("1\n")
+    assert [g.index for g in source.discover().gpus] == [0, 2]
+    lost.write_text("not a number")  # malformed: nothing lost, no crash
+    assert [g.index for g in source.discover().gpus] == [0, 1, 2]
+    lost.unlink()
+    source.vanished.add(0)
+    assert [g.index for g in source.discover().gpus] == [1, 2]

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from dra_driver.gpus.model import MIB, Gpu, GpuSource, GpuSourceError, Inventory, SkippedGpu
 from dra_driver.gpus.simulated import SimulatedGpuSource, SimulatedSpecError
 
 
-def open_source(spec: str, seed: str = "sim") -> GpuSource:
+def open_source(spec: str, seed: str = "sim", lost_file: Path | None = None) -> GpuSource:
     """Return the GPU source for a ``--gpus`` value: ``nvml`` or ``simulated:<...>``.
+
+    ``lost_file`` (simulated only): a file listing GPU indexes to report as gone.
 
     Raises:
         SimulatedSpecError: for an invalid ``simulated:`` spec or an unknown source name.
@@ -17,7 +21,7 @@ def open_source(spec: str, seed: str = "sim") -> GpuSource:
 
         return NvmlGpuSource()
     if spec.startswith("simulated:"):
-        return SimulatedGpuSource(spec, seed=seed)
+        return SimulatedGpuSource(spec, seed=seed, lost_file=lost_file)
     raise SimulatedSpecError(f"unknown GPU source {spec!r}: use 'nvml' or 'simulated:H200x8'")
 
 

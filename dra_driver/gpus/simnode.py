@@ -17,6 +17,8 @@ plugin owns, the same inside and outside its container):
   bundle's ``config.json``, since a hook receives the OCI state on stdin, not the container's
   environment) to ``hook-records/<container-id>.<gpu-uuid>``. It is a ``/bin/sh`` script using
   only ``sed`` and ``grep`` of the host, and never fails the container.
+- ``lost-gpus`` (written by tests, not by the plugin): GPU indexes the simulated inventory
+  reports as gone, so a running plugin sees a GPU vanish as it would on a real node.
 
 Real GPU nodes use none of this: their CDI specs name ``/dev/nvidia*`` and NVIDIA's hook.
 """
@@ -42,6 +44,9 @@ real kernel."""
 
 HOOK_NAME = "nvidia-cdi-hook"
 RECORDS = "hook-records"
+LOST_GPUS = "lost-gpus"
+"""File under the simulation root listing GPU indexes the node reports as gone (a test writes
+it to take a GPU away from a running plugin; see SimulatedGpuSource)."""
 
 _HOOK_SCRIPT = r"""#!/bin/sh
 # Recording stand-in for nvidia-cdi-hook on a SIMULATED node (written by dra-driver).

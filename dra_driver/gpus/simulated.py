@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import uuid as uuidlib
 from dataclasses import dataclass
+from pathlib import Path
 
 from dra_driver.gpus.model import MIB, Gpu, Inventory
 
@@ -98,20 +99,34 @@ class SimulatedGpuSource:
         SimulatedSpecError: from the constructor when the spec is invalid.
     """
 
-    def __init__(self, spec: str, seed: str = "sim") -> None:
+    def __init__(self, spec: str, seed: str = "sim", lost_file: Path | None = None) -> None:
         self._parts, self._driver = parse_spec(spec)
         self._seed = seed
+        self._lost_file = lost_file
         self.vanished: set[int] = set()
         """Indexes to report as gone on the next discovery (to simulate a lost GPU)."""
 
+    def lost(self) -> set[int]:
+        """Indexes reported as gone: :attr:`vanished` plus those listed (whitespace-separated)
+        in ``lost_file``, which lets a test take a GPU away from a running plugin. An
+        unreadable or malformed file counts as empty."""
+        listed: set[int] = set()
+        if self._lost_file is not None:
+            try:
+                listed = {int(x) for x in self._lost_file.read_text().split()}
+            except (OSError, ValueError):
+                listed = set()
+        return self.vanished | listed
+
     def discover(self) -> Inventory:
-        """Return the simulated GPUs in index order (minus any marked as vanished)."""
+        """Return the simulated GPUs in index order (minus any lost, see :meth:`lost`)."""
         gpus: list[Gpu] = []
         index = 0
         cuda = cuda_version_for_driver(self._driver)
+        lost = self.lost()
         for profile, count in self._parts:
             for _ in range(count):
-                if index not in self.vanished:
+                if index not in lost:
                     gpus.append(self._gpu(profile, index, cuda))
                 index += 1
         return Inventory(gpus=tuple(gpus))

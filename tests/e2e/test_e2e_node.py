@@ -134,3 +134,42 @@ def test_helm_upgrade_rolls_the_plugin_while_pods_run(e2e: E2E, driver: Driver) 
     assert not old & new, "every plugin pod is replaced"
     print(f"DaemonSet rollout on helm upgrade: {rollout:.1f}s")
     after_disruption(e2e, node, before, ids)
+
+
+def test_lost_gpu_reaches_the_pod_status_through_the_kubelet(e2e: E2E) -> None:
+    """The health stream reaches the real kubelet: when the GPU behind a running claim is lost,
+    the kubelet (ResourceHealthStatus, beta and on in 1.37) marks the claim's device Unhealthy
+    in the container's ``allocatedResourcesStatus``; when it is back, Healthy again."""
+    node = e2e.nodes[0]
+    e2e.template("h", "gpu-eighth", selectors=[ON_GPU.format(2)])
+    e2e.pod("h", node, templates={"gpu": "h"})
+    e2e.wait_running("h")
+    got = check_prepared(e2e, "h")
+    lost = node.state_dir / "simulated" / "lost-gpus"
+
+    def health() -> dict[str, str]:
+        status = e2e.read_pod("h")["status"]["containerStatuses"][0]
+        return {
+            r["resourceID"]: r.get("health", "")
+            for entry in status.get("allocatedResourcesStatus") or []
+            for r in entry.get("resources") or []
+        }
+
+    try:
+        lost.write_text("2\n")
+        unhealthy = wait_for(
+            "the kubelet to report the device Unhealthy",
+            lambda: {k: v for k, v in health().items() if v == "Unhealthy"},
+            timeout=90,
+            every=1,
+        )
+        assert any(got.results[0]["device"] in k for k in unhealthy), unhealthy
+        assert e2e.read_pod("h")["status"]["phase"] == "Running"  # not evicted by the driver
+    finally:
+        lost.unlink(missing_ok=True)
+    wait_for(
+        "the device Healthy again",
+        lambda: health() and all(v == "Healthy" for v in health().values()),
+        timeout=90,
+        every=1,
+    )

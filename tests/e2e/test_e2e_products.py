@@ -74,10 +74,11 @@ def test_slices_are_accepted_as_rendered(e2e: E2E, tmp_path: Path) -> None:
         n = e2e.core.read_node(node.name)
         ready = next(c for c in n.status.conditions if c.type == "Ready")
         assert ready.status == "True"
-        leases = k8s.CoordinationV1Api(e2e.api)
         lease = wait_for(
             f"the Lease of {node.name}",
-            lambda n=node.name: leases.read_namespaced_lease(n, "kube-node-lease"),
+            lambda n=node.name: k8s.CoordinationV1Api(e2e.api).read_namespaced_lease(
+                n, "kube-node-lease"
+            ),
         )
         assert lease.spec.holder_identity == node.name
         assert n.status.node_info.kubelet_version == "v1.37.2"
