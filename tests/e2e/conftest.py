@@ -158,3 +158,12 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
         cp.close()
         if not reuse and not os.environ.get("DRA_E2E_KEEP_CLUSTER"):
             _local_cluster("down", env, log)
+            # `down` removed everything the cluster and its nodes made.
+            left = subprocess.run(
+                [sys.executable, str(REPO / "hack" / "local-node"), "leftovers"],
+                env=env,
+                capture_output=True,
+                text=True,
+            )
+            if left.returncode != 0:
+                pytest.fail(f"hack/local-cluster down left:\n{left.stdout}", pytrace=False)

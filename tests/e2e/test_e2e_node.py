@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import pytest
+from kubernetes import client as k8s
 
 pytest.register_assert_rewrite("plugin_fixtures")
 from plugin_fixtures import (  # noqa: E402
@@ -173,3 +174,26 @@ def test_lost_gpu_reaches_the_pod_status_through_the_kubelet(e2e: E2E) -> None:
         timeout=90,
         every=1,
     )
+
+
+def test_image_pulls_never_leave_the_machine(e2e: E2E) -> None:
+    """No registry is reachable: a node resolves every registry to a closed loopback port, so
+    an image that was not imported fails at once, and no pull goes out of the machine."""
+    body = {
+        "nodeSelector": {"kubernetes.io/hostname": e2e.nodes[0].name},
+        "terminationGracePeriodSeconds": 0,
+        "containers": [
+            {"name": "c", "image": "registry.example/absent:1", "imagePullPolicy": "Always"}
+        ],
+    }
+    e2e.core.create_namespaced_pod(
+        e2e.namespace, k8s.V1Pod.from_dict({"metadata": {"name": "pull"}, "spec": body})
+    )
+    message = wait_for(
+        "a failed pull",
+        lambda: next(
+            (e["message"] for e in e2e.events("pull") if "Failed to pull image" in e["message"]),
+            None,
+        ),
+    )
+    assert "127.0.0.1:9" in message and "connection refused" in message, message
