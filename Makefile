@@ -3,9 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-PY_SOURCES := dra_driver tests benchmarks hack/demo hack/gpu-check hack/local-cluster hack/kubelet_standin.py
+PY_SOURCES := dra_driver tests benchmarks hack/demo hack/gpu-check hack/local-cluster hack/kubelet_standin.py \
+	hack/build-image
 
-.PHONY: demo test unit lint e2e bench proto clean
+.PHONY: demo test unit lint e2e bench proto image clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +25,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mypy --strict --scripts-are-modules hack/gpu-check
 	$(VENV)/bin/mypy --strict --scripts-are-modules hack/local-cluster
+	$(VENV)/bin/mypy --strict --scripts-are-modules hack/build-image
 
 unit: $(STAMP)
 	$(PY) -m pytest -m 'not e2e and not gpu' -q
@@ -37,6 +39,10 @@ bench: $(STAMP)
 
 proto: $(STAMP)
 	hack/gen-proto
+
+# OCI image archives in build/images/ (plugin, pause, busybox); no Docker or registry needed.
+image:
+	hack/build-image
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
