@@ -3,9 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-PY_SOURCES := dra_driver tests benchmarks hack/demo hack/gpu-check hack/local-cluster hack/local-node hack/local_install.py
+PY_SOURCES := dra_driver tests benchmarks hack/demo hack/gpu-check hack/local-cluster hack/local-node \
+	hack/local_install.py hack/build-image
 
-.PHONY: demo test unit lint e2e bench proto clean
+.PHONY: demo test unit lint e2e bench proto image clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +28,10 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy --strict --scripts-are-modules hack/local-cluster
 	$(VENV)/bin/mypy --strict --scripts-are-modules hack/local-node
 	$(VENV)/bin/mypy --strict hack/local_install.py
+	$(VENV)/bin/mypy --strict --scripts-are-modules hack/build-image
 
 unit: $(STAMP)
+	hack/install-node-prereqs
 	$(PY) -m pytest -m 'not e2e and not gpu' -q
 
 e2e: $(STAMP)
@@ -43,6 +46,11 @@ bench: $(STAMP)
 
 proto: $(STAMP)
 	hack/gen-proto
+
+# OCI image archives in build/images/ (plugin, pause, busybox); no Docker or registry needed.
+image:
+	hack/install-node-prereqs
+	hack/build-image
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
