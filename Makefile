@@ -31,7 +31,6 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy --strict --scripts-are-modules hack/build-image
 
 unit: $(STAMP)
-	hack/install-node-prereqs
 	$(PY) -m pytest -m 'not e2e and not gpu' -q
 
 e2e: $(STAMP)
