@@ -249,6 +249,9 @@ def driver_values(control_plane: Any) -> dict[str, Any]:
         "nodeSelector": {NODE_LABEL: "true", "nvidia.com/gpu.present": None},
         "priorityClassName": "",
         "terminationGracePeriodSeconds": 5,
+        # Admission warns instead of refusing, so that claims the plugin must refuse reach
+        # it (test_e2e_errors); test_e2e_install checks the refusing policy.
+        "policies": {"claimParametersActions": ["Warn"]},
     }
 
 
@@ -467,11 +470,17 @@ class E2E:
         what it sees (:data:`VIEW_SCRIPT`)."""
         refs = [{"name": n, "resourceClaimTemplateName": t} for n, t in (templates or {}).items()]
         refs += [{"name": n, "resourceClaimName": c} for n, c in (claims or {}).items()]
+        # One fraction per container: two claims on one GPU in one container would both mount
+        # /tmp/nvidia-mps and set NVIDIA_GPU_MEMORY_*, and the runtime keeps one of each.
+        containers = [
+            {"name": "main" if len(refs) == 1 else r["name"], "resources": {"claims": [r["name"]]}}
+            for r in refs
+        ]
+        for c in containers:
+            c["resources"]["claims"] = [{"name": n} for n in c["resources"]["claims"]]
         spec = {
             "nodeSelector": {"kubernetes.io/hostname": node.name},
-            "containers": [
-                {"name": "main", "resources": {"claims": [{"name": r["name"]} for r in refs]}}
-            ],
+            "containers": containers or [{"name": "main"}],
             "resourceClaims": refs,
         }
         return self.create_pod(name, spec)
@@ -526,6 +535,13 @@ class E2E:
         except pytest.fail.Exception:
             print(self.describe(name))
             raise
+
+    def container_of(self, pod: str, pod_claim: str) -> str:
+        """The name of the (first) container of ``pod`` that uses ``pod_claim``."""
+        for c in self.read_pod(pod)["spec"]["containers"]:
+            if any(r["name"] == pod_claim for r in (c.get("resources") or {}).get("claims", [])):
+                return str(c["name"])
+        raise AssertionError(f"no container of {pod} uses its claim {pod_claim}")
 
     def view(self, pod: str, container: str = "main", timeout: float = 30.0) -> ContainerView:
         """What the pod's container printed about itself."""
@@ -701,7 +717,8 @@ def check_prepared(e2e: E2E, pod: str, pod_claim: str = "gpu") -> PreparedClaim:
     errors = sorted(str(e.message) for e in cdi_validator().iter_errors(spec))
     assert not errors, errors
     assert uid in node.plugin_checkpoint()
-    view = e2e.view(pod)
+    container = e2e.container_of(pod, pod_claim)
+    view = e2e.view(pod, container)
     spec_nodes = {
         n["path"] for d in spec["devices"] for n in d["containerEdits"].get("deviceNodes", [])
     }
@@ -725,16 +742,17 @@ def check_prepared(e2e: E2E, pod: str, pod_claim: str = "gpu") -> PreparedClaim:
         ]
         for h in hooks:
             gpu = h["args"][h["args"].index("--gpu-id") + 1]
-            record = hook_record(e2e, pod, node, gpu)
+            record = hook_record(e2e, pod, container, node, gpu)
             env = dict(e.split("=", 1) for e in d["containerEdits"]["env"])
             assert record["NVIDIA_GPU_MEMORY_REQUEST"] == env["NVIDIA_GPU_MEMORY_REQUEST"]
             assert record["NVIDIA_GPU_MEMORY_LIMIT"] == env["NVIDIA_GPU_MEMORY_LIMIT"]
     return got
 
 
-def hook_record(e2e: E2E, pod: str, node: GpuNode, gpu: str) -> dict[str, str]:
-    """What the recording ``nvidia-cdi-hook`` stand-in wrote for the pod's container on a GPU."""
-    status = e2e.read_pod(pod)["status"]["containerStatuses"][0]
+def hook_record(e2e: E2E, pod: str, container: str, node: GpuNode, gpu: str) -> dict[str, str]:
+    """What the recording ``nvidia-cdi-hook`` stand-in wrote for a container on a GPU."""
+    statuses = e2e.read_pod(pod)["status"]["containerStatuses"]
+    status = next(s for s in statuses if s["name"] == container)
     container_id = status["containerID"].split("://", 1)[1]
     path = node.hook_records / f"{container_id}.{gpu}"
     assert path.exists(), f"no hook record {path.name}: {sorted(os.listdir(node.hook_records))}"
