@@ -280,7 +280,7 @@ def test_toggles_remove_objects() -> None:
             ["--set-json", 'fractionModels=["capacity"]'],
             'nodeConfig.defaults.fractionModel "products" is not in fractionModels',
         ),
-        (["--set", "metricsPort=0"], "metricsPort must be > 0"),
+        (["--set", "metricsPort=-1"], "metricsPort must be >= 0"),
         (
             ["--set", "mps.smSharingComputeMode=EXCLUSIVE"],
             'mps.smSharingComputeMode: unknown NVML compute mode "EXCLUSIVE"',
@@ -432,6 +432,23 @@ def test_daemonset_arguments_parse_with_the_cli() -> None:
     config_dir = str(Path(args.node_config).parent)
     assert volumes[mounts[config_dir]]["configMap"]["name"] == f"{RELEASE}-node-config"
     assert Path(args.node_config).name == "node-config.yaml"
+
+
+def test_local_cluster_values_render_host_network_env_and_no_probes() -> None:
+    """The values the local test cluster installs with (hack/local_install.py): the node's
+    network, extra env for the API server address, no metrics port and no probes."""
+    objs = rendered_objects(
+        "--set", "hostNetwork=true", "--set", "metricsPort=0",
+        "--set", "extraEnv[0].name=KUBERNETES_SERVICE_HOST",
+        "--set", "extraEnv[0].value=127.0.0.1",
+    )  # fmt: skip
+    pod = one(objs, "DaemonSet")["spec"]["template"]["spec"]
+    c = plugin_container(objs)
+    assert pod["hostNetwork"] is True
+    assert pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"} in c["env"]
+    assert "--metrics-port=0" in c["args"]
+    assert not {"ports", "startupProbe", "livenessProbe", "readinessProbe"} & set(c)
 
 
 def test_daemonset_privileges_probes_and_rollout() -> None:
