@@ -192,8 +192,7 @@ def main() -> int:
         print(f"{'':28} {'p50':>8} {'p90':>8} {'mean':>8}")
         for label, xs in (("plain pod (baseline)", plain), ("pod with gpu-eighth claim", claim)):
             print(
-                f"{label:28} {pct(xs, 0.5):7.2f}s {pct(xs, 0.9):7.2f}s "
-                f"{statistics.mean(xs):7.2f}s"
+                f"{label:28} {pct(xs, 0.5):7.2f}s {pct(xs, 0.9):7.2f}s {statistics.mean(xs):7.2f}s"
             )
         print(f"p50 ratio claim/baseline: {pct(claim, 0.5) / pct(plain, 0.5):.2f}")
         print(f"DaemonSet rollout on helm upgrade (1 node, running pods kept): {took:.1f}s")
