@@ -17,11 +17,12 @@ import pytest
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver._proto import dra_v1_pb2
+from dra_driver.config import parse_node_config
 from dra_driver.mps import RecordingEnforcer
 from dra_driver.mps.targets import MpsOptions
 from dra_driver.params import PARAMS_API_VERSION, PARAMS_KIND
 from tests import claimfactory as cf
-from tests.conftest import NODE, Kubelet, Node, serving
+from tests.conftest import MIXED_CONFIG, NODE, Kubelet, Node, _node, serving
 
 MIB_TEXT = "9" * 2**20
 """A 1 MiB value."""
@@ -439,14 +440,31 @@ def assert_only(node: Node, *good: Sent) -> None:
     assert set(node.enforcer.applied) == uids
 
 
+@pytest.fixture(scope="module")
+def served_mixed() -> Iterator[tuple[Node, Kubelet]]:
+    """The mixed node (GPU 0 products, GPU 1 capacity) served once for the module, its
+    enforcer making pipe directories."""
+    for node in _node(parse_node_config(MIXED_CONFIG)):
+        node.enforcer = RecordingEnforcer(
+            make_dirs=True, options=MpsOptions(root=str(node.root / "mps"))
+        )
+        with serving(node) as (_, kubelet):
+            yield node, kubelet
+
+
 @pytest.fixture
-def hostile(mixed_node: Node) -> Iterator[tuple[Node, Kubelet]]:
-    """The mixed node (GPU 0 products, GPU 1 capacity) served, its enforcer making pipe dirs."""
-    mixed_node.enforcer = RecordingEnforcer(
-        make_dirs=True, options=MpsOptions(root=str(mixed_node.root / "mps"))
+def hostile(served_mixed: tuple[Node, Kubelet]) -> Iterator[tuple[Node, Kubelet]]:
+    """The served node, left with no prepared claim by each test."""
+    node, kubelet = served_mixed
+    yield node, kubelet
+    checkpoint = node.state_dir / "checkpoint.json"
+    records = json.loads(checkpoint.read_text())["claims"] if checkpoint.exists() else {}
+    prepared = [Sent(r["namespace"], r["name"], uid) for uid, r in records.items()]
+    request = dra_v1_pb2.NodeUnprepareResourcesRequest(
+        claims=[c for s in prepared for c in claims_of(s)]
     )
-    with serving(mixed_node) as (_, kubelet):
-        yield mixed_node, kubelet
+    kubelet.v1.NodeUnprepareResources(request, timeout=45)
+    assert_only(node)
 
 
 def test_there_are_at_least_sixty_distinct_hostile_cases() -> None:
