@@ -19,13 +19,14 @@ from typing import Any
 
 from dra_driver.atomicfile import write_atomic
 from dra_driver.ids import validate_uid
+from dra_driver.textlimits import shown
 
 CDI_CLASS = "claim"
 CONTROL_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 """Device nodes every CUDA container needs besides its GPU's ``/dev/nvidia<minor>``."""
 
-_NAME = re.compile(r"^[A-Za-z0-9_.:-]+$")
-_VENDOR = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
+_NAME = re.compile(r"[A-Za-z0-9_.:-]+")
+_VENDOR = re.compile(r"[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?")
 
 
 class CdiError(ValueError):
@@ -122,8 +123,8 @@ def device_name(claim_uid: str, device: str, share_id: str | None = None) -> str
     """
     validate_uid(claim_uid)
     name = f"claim-{claim_uid}-{device}" + (f"-{share_id}" if share_id else "")
-    if not _NAME.match(name):
-        raise CdiError(f"CDI device name {name!r} has characters outside [A-Za-z0-9_.:-]")
+    if not _NAME.fullmatch(name):
+        raise CdiError(f"CDI device name {shown(name)} has characters outside [A-Za-z0-9_.:-]")
     return name
 
 
@@ -171,8 +172,8 @@ def build_spec(vendor: str, devices: Iterable[CdiDevice]) -> dict[str, Any]:
     Raises:
         CdiError: invalid vendor name or no devices.
     """
-    if not _VENDOR.match(vendor):
-        raise CdiError(f"CDI vendor {vendor!r} is invalid")
+    if not _VENDOR.fullmatch(vendor):
+        raise CdiError(f"CDI vendor {shown(vendor)} is invalid")
     body: dict[str, Any] = {
         "kind": f"{vendor}/{CDI_CLASS}",
         "devices": [{"name": d.name, "containerEdits": d.edits.to_json()} for d in devices],

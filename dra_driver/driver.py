@@ -20,6 +20,7 @@ import structlog
 from dra_driver import cdi
 from dra_driver.checkpoint import Checkpoint, CheckpointCorrupt
 from dra_driver.claims import ClaimReader
+from dra_driver.ids import validate_claim_name
 from dra_driver.locking import PrepareLock
 from dra_driver.metrics import Metrics
 from dra_driver.mps import FractionEnforcer, MpsError
@@ -249,6 +250,7 @@ class Driver:
     def _read(self, ref: ClaimRef) -> Mapping[str, Any] | Exception:
         try:
             validate_uid(ref.uid)
+            validate_claim_name(ref.namespace, ref.name)
             return self.reader.read(ref.namespace, ref.name)
         except PrepareError as exc:
             return exc

@@ -1,14 +1,26 @@
-"""Validation of identifiers that end up in file names and MPS object names."""
+"""Validation of identifiers that end up in file names, MPS names and API paths."""
 
 from __future__ import annotations
 
 import re
 
-_UID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+from dra_driver.textlimits import shown
+
+_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+"""An RFC 1123 label (Kubernetes ``IsDNS1123Label``); use with ``fullmatch``."""
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_DNS_SUBDOMAIN_MAX = 253
+DNS_LABEL_RULE = "1-63 characters of a-z, 0-9 and '-', starting and ending with a letter or digit"
 
 
 class PrepareError(ValueError):
     """One claim cannot be prepared; the message tells the user what to change."""
+
+
+def is_dns_label(text: str) -> bool:
+    """Whether ``text`` is an RFC 1123 label in full (no trailing newline, at most 63)."""
+    return DNS_LABEL.fullmatch(text) is not None
 
 
 def validate_uid(uid: str) -> str:
@@ -20,5 +32,27 @@ def validate_uid(uid: str) -> str:
         PrepareError: when the UID is malformed.
     """
     if not _UID.fullmatch(uid):
-        raise PrepareError(f"claim UID {uid!r} is not a Kubernetes UID")
+        raise PrepareError(
+            f"claim UID is not a Kubernetes UID (a lower-case RFC 4122 UUID): {shown(uid)}"
+        )
     return uid
+
+
+def validate_claim_name(namespace: str, name: str) -> None:
+    """Check the namespace and name the kubelet sent before they go into an API path.
+
+    Rules (Kubernetes API conventions): a namespace is an RFC 1123 label, a ResourceClaim
+    name an RFC 1123 subdomain (at most 253 characters).
+
+    Raises:
+        PrepareError: either is malformed.
+    """
+    if not is_dns_label(namespace):
+        raise PrepareError(
+            f"claim namespace {shown(namespace)} is not a DNS label ({DNS_LABEL_RULE})"
+        )
+    if len(name) > _DNS_SUBDOMAIN_MAX or not _DNS_SUBDOMAIN.fullmatch(name):
+        raise PrepareError(
+            f"claim name {shown(name)} is not a DNS subdomain (at most 253 characters of a-z, "
+            "0-9, '-' and '.')"
+        )

@@ -25,6 +25,9 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
+from dra_driver.apijson import json_kind
+from dra_driver.textlimits import shorten, shown
+
 PARAMS_API_VERSION = "gpu-fraction.dra.dev/v1alpha1"
 PARAMS_KIND = "GpuFractionParameters"
 COMPUTE_MODES = ("time-slicing", "sm-sharing")
@@ -82,34 +85,46 @@ class ClaimParameters:
         return out
 
 
-def _quantity_bytes(value: Any, where: str) -> int:
+def quantity_bytes(value: Any, where: str) -> int:
+    """A positive whole number of bytes from a Kubernetes quantity (string or integer).
+
+    Args:
+        value: the decoded JSON value, e.g. ``"60Gi"``.
+        where: the field, prefixed to messages.
+
+    Raises:
+        ParameterError: not a quantity, not above zero, above :data:`MAX_BYTES`, or a
+            fraction of a byte.
+    """
     if isinstance(value, bool) or not isinstance(value, str | int):
-        raise ParameterError(f"{where}: {value!r} must be a Kubernetes quantity (e.g. 60Gi, 512Mi)")
+        raise ParameterError(
+            f"{where}: {shown(value)} must be a Kubernetes quantity (e.g. 60Gi, 512Mi)"
+        )
     try:
         q = parse_quantity(value)
     except (ValueError, TypeError, InvalidOperation) as exc:
         raise ParameterError(
-            f"{where}: {value!r} is not a Kubernetes quantity (e.g. 60Gi, 512Mi)"
+            f"{where}: {shown(value)} is not a Kubernetes quantity (e.g. 60Gi, 512Mi)"
         ) from exc
     if q <= 0:
-        raise ParameterError(f"{where}: {value!r} must be greater than zero")
+        raise ParameterError(f"{where}: {shown(value)} must be greater than zero")
     if q > MAX_BYTES:  # compare before int(): int() of 1e1000000 takes minutes
-        raise ParameterError(f"{where}: {value!r} is larger than any GPU's memory")
+        raise ParameterError(f"{where}: {shown(value)} is larger than any GPU's memory")
     if q != q.to_integral_value():
-        raise ParameterError(f"{where}: {value!r} must be a whole number of bytes")
+        raise ParameterError(f"{where}: {shown(value)} must be a whole number of bytes")
     return int(q)
 
 
 def _portion(value: Any, where: str) -> Fraction:
     plain = isinstance(value, str) and _DECIMAL.match(value) is not None
     if isinstance(value, bool) or not (plain or isinstance(value, int | float)):
-        raise ParameterError(f'{where}: {value!r} must be a number in (0, 1], e.g. "0.8"')
+        raise ParameterError(f'{where}: {shown(value)} must be a number in (0, 1], e.g. "0.8"')
     try:
         portion = Fraction(Decimal(str(value)))
     except (ValueError, OverflowError) as exc:  # NaN, infinity
-        raise ParameterError(f"{where}: {value} is outside (0, 1]") from exc
+        raise ParameterError(f"{where}: {shown(value)} is outside (0, 1]") from exc
     if not 0 < portion <= 1:
-        raise ParameterError(f"{where}: {value} is outside (0, 1]")
+        raise ParameterError(f"{where}: {shown(value)} is outside (0, 1]")
     return portion
 
 
@@ -126,35 +141,36 @@ def parse_parameters(raw: Any, where: str = "parameters") -> ClaimParameters:
             mode, percentage outside 1..100, or a percentage with time-slicing.
     """
     if not isinstance(raw, dict):
-        raise ParameterError(f"{where}: must be an object, got {type(raw).__name__}")
+        raise ParameterError(f"{where}: expected an object, got {json_kind(raw)}")
     if raw.get("apiVersion") != PARAMS_API_VERSION or raw.get("kind") != PARAMS_KIND:
         raise ParameterError(
             f"{where}: apiVersion/kind must be {PARAMS_API_VERSION}/{PARAMS_KIND}, "
-            f"got {raw.get('apiVersion')!r}/{raw.get('kind')!r}"
+            f"got {shown(raw.get('apiVersion'))}/{shown(raw.get('kind'))}"
         )
     unknown = sorted(set(raw) - _FIELDS)
     if unknown:
         raise ParameterError(
-            f"{where}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(_FIELDS))}"
+            f"{where}: unknown field(s) {shorten(', '.join(unknown))}; "
+            f"known: {', '.join(sorted(_FIELDS))}"
         )
     if "memoryLimit" in raw and "memoryLimitPortion" in raw:
         raise ParameterError(f"{where}: set memoryLimit or memoryLimitPortion, not both")
     mode = raw.get("computeMode")
     if mode is not None and mode not in COMPUTE_MODES:
         raise ParameterError(
-            f"{where}.computeMode: {mode!r} must be one of {', '.join(COMPUTE_MODES)}"
+            f"{where}.computeMode: {shown(mode)} must be one of {', '.join(COMPUTE_MODES)}"
         )
     pct = raw.get("activeThreadPercentage")
     if pct is not None:
         if isinstance(pct, bool) or not isinstance(pct, int) or not 1 <= pct <= 100:
-            raise ParameterError(f"{where}.activeThreadPercentage: {pct!r} must be 1..100")
+            raise ParameterError(f"{where}.activeThreadPercentage: {shown(pct)} must be 1..100")
         if mode == "time-slicing":
             raise ParameterError(
                 f"{where}.activeThreadPercentage is only valid with computeMode sm-sharing"
             )
     return ClaimParameters(
         memory_limit_bytes=(
-            _quantity_bytes(raw["memoryLimit"], f"{where}.memoryLimit")
+            quantity_bytes(raw["memoryLimit"], f"{where}.memoryLimit")
             if "memoryLimit" in raw
             else None
         ),

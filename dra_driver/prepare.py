@@ -10,16 +10,15 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
-from decimal import InvalidOperation
 from typing import Any
 
-from kubernetes.utils import parse_quantity
-
+from dra_driver.apijson import Field
 from dra_driver.config import canonical_quantity
 from dra_driver.gpus import Gpu
-from dra_driver.ids import PrepareError, validate_uid
-from dra_driver.params import MAX_BYTES, ClaimParameters, ParameterError, parse_parameters
+from dra_driver.ids import DNS_LABEL, DNS_LABEL_RULE, PrepareError, is_dns_label, validate_uid
+from dra_driver.params import ClaimParameters, ParameterError, parse_parameters, quantity_bytes
 from dra_driver.slices import FractionDevice
+from dra_driver.textlimits import shown
 
 __all__ = [
     "ClaimPlan",
@@ -33,7 +32,9 @@ __all__ = [
     "validate_uid",
 ]
 
-_SHARE_ID = re.compile(r"^[0-9a-z]([0-9a-z-]{0,61}[0-9a-z])?$")
+_REQUEST_NAME = re.compile(f"{DNS_LABEL.pattern}(/{DNS_LABEL.pattern})?")
+"""A request name, or ``<request>/<subrequest>`` (each an RFC 1123 label)."""
+CONFIG_SOURCES = ("FromClass", "FromClaim")
 
 
 @dataclass(frozen=True)
@@ -85,47 +86,132 @@ class ClaimPlan:
     devices: tuple[DevicePlan, ...]
 
 
-def _applies(config: Mapping[str, Any], request: str) -> bool:
-    requests = config.get("requests") or []
+@dataclass(frozen=True)
+class AllocationResult:
+    """One entry of ``status.allocation.devices.results`` for our driver, type-checked.
+
+    Attributes:
+        path: where it is in the claim, for messages.
+        request: request name (``<request>`` or ``<request>/<subrequest>``).
+        pool: pool name as allocated.
+        device: device name as allocated.
+        share_id: ``shareID`` (which share of a device that allows multiple allocations).
+        consumed_memory: ``consumedCapacity.memory`` (a quantity string) or None.
+    """
+
+    path: str
+    request: str
+    pool: str
+    device: str
+    share_id: str | None
+    consumed_memory: str | None
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    """One entry of ``status.allocation.devices.config`` for our driver, type-checked.
+
+    Attributes:
+        index: position in the list (messages name it).
+        from_class: ``source`` is ``FromClass`` (else ``FromClaim``).
+        requests: the requests it applies to (empty: all).
+        parameters: the raw ``opaque.parameters`` (checked by :func:`parse_parameters`).
+    """
+
+    index: int
+    from_class: bool
+    requests: tuple[str, ...]
+    parameters: Any
+
+
+def _applies(config: DeviceConfig, request: str) -> bool:
     parent = request.split("/", 1)[0]
-    return not requests or request in requests or parent in requests
+    return not config.requests or request in config.requests or parent in config.requests
 
 
-def _parameters_for(configs: list[Mapping[str, Any]], request: str, driver: str) -> ClaimParameters:
-    ordered = sorted(
-        enumerate(configs), key=lambda item: (item[1].get("source") != "FromClass", item[0])
-    )
+def _parameters_for(configs: list[DeviceConfig], request: str) -> ClaimParameters:
     params = ClaimParameters()
-    for index, config in ordered:
-        opaque = config.get("opaque") or {}
-        if opaque.get("driver") != driver or not _applies(config, request):
+    for config in sorted(configs, key=lambda c: (not c.from_class, c.index)):
+        if not _applies(config, request):
             continue
-        source = "class" if config.get("source") == "FromClass" else "claim"
-        where = f"{source} config #{index} for request {request!r}"
-        params = params.merged(parse_parameters(opaque.get("parameters"), where))
+        source = "class" if config.from_class else "claim"
+        where = f"{source} config #{config.index} for request {request!r}"
+        params = params.merged(parse_parameters(config.parameters, where))
     return params
 
 
-def _consumed_memory(result: Mapping[str, Any]) -> int | None:
-    raw = (result.get("consumedCapacity") or {}).get("memory")
-    if raw is None:
+def _result(field: Field) -> AllocationResult:
+    """Type-check one allocation result of our driver."""
+    request = field["request"].string()
+    if not _REQUEST_NAME.fullmatch(request):
+        raise field["request"].error(
+            f"{shown(request)} is not a request name (a DNS label, or <request>/<subrequest>)"
+        )
+    share = field["shareID"]
+    share_id = share.optional_string()
+    if share_id is not None and not is_dns_label(share_id):
+        raise share.error(f"{shown(share_id)} is not a DNS label ({DNS_LABEL_RULE})")
+    return AllocationResult(
+        path=field.path,
+        request=request,
+        pool=field["pool"].string(),
+        device=field["device"].string(),
+        share_id=share_id,
+        consumed_memory=field["consumedCapacity"]["memory"].optional_string(),
+    )
+
+
+def _config(field: Field, index: int, driver: str) -> DeviceConfig | None:
+    """Type-check one config entry; None when it is not for ``driver``."""
+    source = field["source"].string()
+    if source not in CONFIG_SOURCES:
+        raise field["source"].error(f"{shown(source)} must be FromClass or FromClaim")
+    requests = tuple(r.string() for r in field["requests"].items())
+    opaque = field["opaque"]
+    if opaque.absent or opaque["driver"].string() != driver:
+        return None
+    return DeviceConfig(index, source == "FromClass", requests, opaque["parameters"].raw)
+
+
+def _allocation(
+    claim: Field, driver: str
+) -> tuple[list[AllocationResult], list[DeviceConfig]] | None:
+    """Our driver's results and configs; None when the claim is not allocated.
+
+    Raises:
+        PrepareError: a field on the way has the wrong JSON type or is malformed.
+    """
+    allocation = claim["status"]["allocation"]
+    if allocation.absent or not allocation.object():
+        return None
+    devices = allocation["devices"]
+    results = [_result(r) for r in devices["results"].items() if r["driver"].string() == driver]
+    configs = [_config(c, i, driver) for i, c in enumerate(devices["config"].items())]
+    return results, [c for c in configs if c is not None]
+
+
+def _consumed_memory(result: AllocationResult) -> int | None:
+    if result.consumed_memory is None:
         return None
     try:
-        q = parse_quantity(raw)
-    except (ValueError, TypeError, InvalidOperation) as exc:
-        raise PrepareError(f"consumedCapacity.memory {raw!r} is not a quantity") from exc
-    if not 0 <= q <= MAX_BYTES:
-        raise PrepareError(f"consumedCapacity.memory {raw!r} is out of range")
-    return int(q)
+        return quantity_bytes(result.consumed_memory, f"{result.path}.consumedCapacity.memory")
+    except ParameterError as exc:
+        raise PrepareError(str(exc)) from exc
 
 
 def _plan_device(
-    result: Mapping[str, Any],
+    result: AllocationResult,
     fraction: FractionDevice,
     params: ClaimParameters,
 ) -> DevicePlan:
     gpu = fraction.gpu
     where = f"device {fraction.name} (GPU {gpu.index}, {gpu.uuid})"
+    if result.share_id is not None and fraction.fraction_model != "capacity":
+        raise PrepareError(
+            f"{where} does not allow multiple allocations, yet {result.path}.shareID is "
+            f"{shown(result.share_id)}; a shareID is only valid on a shared (capacity-model) "
+            "device. Re-create the claim so that the scheduler allocates it again"
+        )
     if params.compute_mode and params.compute_mode != fraction.compute_mode:
         raise PrepareError(
             f"{where} runs compute mode {fraction.compute_mode}; the claim asks for "
@@ -159,10 +245,10 @@ def _plan_device(
             f"{canonical_quantity(card)}"
         )
     return DevicePlan(
-        request_names=(str(result["request"]),),
-        pool=str(result["pool"]),
+        request_names=(result.request,),
+        pool=result.pool,
         device=fraction.name,
-        share_id=result.get("shareID"),
+        share_id=result.share_id,
         gpu=gpu,
         compute_mode=fraction.compute_mode,
         memory_request_bytes=request,
@@ -171,56 +257,29 @@ def _plan_device(
     )
 
 
-def _checked_allocation(allocation: Any, where: str) -> Mapping[str, Any]:
-    """``allocation.devices`` after checking the shapes Prepare relies on.
-
-    Raises:
-        PrepareError: a result without string request/driver/pool/device, or a config entry
-            whose ``opaque`` or ``requests`` has the wrong type.
-    """
-    devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
-    if devices is None:
-        return {}
-    bad = PrepareError(f"{where}: status.allocation.devices is malformed")
-    if not isinstance(devices, Mapping):
-        raise bad
-    results = devices.get("results") or []
-    configs = devices.get("config") or []
-    if not isinstance(results, list) or not isinstance(configs, list):
-        raise bad
-    for r in results:
-        keys = ("request", "driver", "pool", "device")
-        if not isinstance(r, Mapping) or not all(isinstance(r.get(k), str) for k in keys):
-            raise bad
-    for c in configs:
-        if not isinstance(c, Mapping):
-            raise bad
-        if not isinstance(c.get("opaque") or {}, Mapping):
-            raise bad
-        if not isinstance(c.get("requests") or [], list):
-            raise bad
-    return {"results": results, "config": configs}
-
-
 def overcommit_error(plan: ClaimPlan, prepared: Iterable[ClaimPlan]) -> str | None:
     """Node-side defence against an allocation that over-commits a device.
 
     The scheduler never does this; a bug or a hand-written allocation could. A device
-    without a share ID belongs to one claim at a time; the shares of one consumable-capacity
-    device may not request more memory together than the card has. Returns the problem or
-    None. ``prepared`` excludes ``plan``'s own claim.
+    allocated without a share ID belongs to one claim at a time: no other claim gets it,
+    with or without a share ID. The shares of one consumable-capacity device may not request
+    more memory together than the card has. Returns the problem or None. ``prepared``
+    excludes ``plan``'s own claim.
     """
     exclusive: dict[str, str] = {}
+    sharers: dict[str, str] = {}
     shared: dict[str, int] = {}
     for other in prepared:
         for d in other.devices:
             if d.share_id is None:
                 exclusive[d.device] = other.claim.uid
             else:
+                sharers.setdefault(d.device, other.claim.uid)
                 shared[d.device] = shared.get(d.device, 0) + d.memory_request_bytes
     for d in plan.devices:
-        if d.share_id is None and d.device in exclusive:
-            return f"device {d.device} is already prepared for claim {exclusive[d.device]}"
+        holder = exclusive.get(d.device) or (sharers.get(d.device) if d.share_id is None else None)
+        if holder is not None:
+            return f"device {d.device} is already prepared for claim {holder}"
         if d.share_id is not None:
             shared[d.device] = shared.get(d.device, 0) + d.memory_request_bytes
             if shared[d.device] > d.gpu.memory_bytes:
@@ -234,7 +293,7 @@ def overcommit_error(plan: ClaimPlan, prepared: Iterable[ClaimPlan]) -> str | No
 
 def plan_claim(
     ref: ClaimRef,
-    claim: Mapping[str, Any],
+    claim: Any,
     driver: str,
     pool: str,
     devices: Mapping[str, FractionDevice],
@@ -243,51 +302,50 @@ def plan_claim(
 
     Args:
         ref: namespace/name/UID the kubelet asked for.
-        claim: the ResourceClaim as API JSON (``metadata``, ``status.allocation``).
+        claim: the ResourceClaim as decoded API JSON, unchecked (any JSON value).
         driver: our driver name; results of other drivers are ignored.
         pool: our pool name (the node name).
         devices: this node's fraction devices by name (from ``slices.plan_devices``).
 
     Raises:
-        PrepareError: UID mismatch or malformed, not allocated, no results for this driver,
-            a result for another pool or an unknown device, a bad share ID, malformed or
+        PrepareError: a field of the wrong JSON type (the message names its path), UID
+            mismatch or malformed, not allocated, no results for this driver, a result for
+            another pool or an unknown device, a share ID that is not a DNS label or is on a
+            device that does not allow multiple allocations, malformed or
             contradictory parameters (limit below request or above the card, a mode other
             than the GPU's, an SM percentage on a time-slicing GPU).
     """
     validate_uid(ref.uid)
-    meta = claim.get("metadata") or {}
-    if meta.get("uid") != ref.uid:
+    who = f"claim {ref.namespace}/{ref.name}"
+    root = Field(claim, owner=who, root="ResourceClaim")
+    root.object()
+    uid = root["metadata"]["uid"].string()
+    if uid != ref.uid:
         raise PrepareError(
-            f"claim {ref.namespace}/{ref.name} has UID {meta.get('uid')!r}, kubelet asked for "
-            f"{ref.uid!r} (the claim was deleted and recreated); the pod must be recreated"
+            f"{who} has UID {shown(uid)}, kubelet asked for {ref.uid!r} (the claim was deleted "
+            "and recreated); the pod must be recreated"
         )
-    allocation = (claim.get("status") or {}).get("allocation")
-    if not allocation:
-        raise PrepareError(f"claim {ref.namespace}/{ref.name} is not allocated")
-    alloc_devices = _checked_allocation(allocation, f"claim {ref.namespace}/{ref.name}")
-    results = [r for r in alloc_devices.get("results", []) if r.get("driver") == driver]
+    allocation = _allocation(root, driver)
+    if allocation is None:
+        raise PrepareError(f"{who} is not allocated")
+    results, configs = allocation
     if not results:
-        raise PrepareError(
-            f"claim {ref.namespace}/{ref.name} has no allocation results for driver {driver}"
-        )
-    configs = list(alloc_devices.get("config", []))
+        raise PrepareError(f"{who} has no allocation results for driver {driver}")
     plans: dict[tuple[str, str | None], DevicePlan] = {}
     for result in results:
-        name = str(result.get("device", ""))
-        if result.get("pool") != pool:
+        if result.pool != pool:
             raise PrepareError(
-                f"device {result.get('pool')}/{name} is not on this node (pool {pool})"
+                f"device {shown(result.device)} of pool {shown(result.pool)} is not on this "
+                f"node (pool {pool})"
             )
-        fraction = devices.get(name)
+        fraction = devices.get(result.device)
         if fraction is None:
             raise PrepareError(
-                f"device {name} is not on this node any more (GPU removed or reconfigured)"
+                f"device {shown(result.device)} is not on this node any more (GPU removed or "
+                "reconfigured)"
             )
-        share_id = result.get("shareID")
-        if share_id is not None and not _SHARE_ID.match(str(share_id)):
-            raise PrepareError(f"device {name}: shareID {share_id!r} is malformed")
         try:
-            params = _parameters_for(configs, str(result["request"]), driver)
+            params = _parameters_for(configs, result.request)
         except ParameterError as exc:
             raise PrepareError(str(exc)) from exc
         plan = _plan_device(result, fraction, params)

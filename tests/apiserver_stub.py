@@ -91,17 +91,21 @@ class ClaimServer(ApiStub):
 
     def __init__(self) -> None:
         super().__init__()
-        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self.claims: dict[tuple[str, str], Any] = {}
         self.requests = 0
 
-    def handle(self, method: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def handle(self, method: str, path: str, body: dict[str, Any]) -> tuple[int, Any]:
         self.requests += 1
         m = _CLAIM_PATH.match(path)
-        claim = self.claims.get((m.group(1), m.group(2))) if m and method == "GET" else None
-        if claim is None:
+        key = (m.group(1), m.group(2)) if m and method == "GET" else None
+        if key not in self.claims:
             raise StubError(404, "NotFound")
-        return 200, claim
+        return 200, self.claims[key]
 
     def add(self, claim: dict[str, Any]) -> None:
         meta = claim["metadata"]
         self.claims[(meta["namespace"], meta["name"])] = claim
+
+    def add_body(self, namespace: str, name: str, body: Any) -> None:
+        """Serve ``body`` (any JSON value, even ``null``) as the claim ``namespace/name``."""
+        self.claims[(namespace, name)] = body

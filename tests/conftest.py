@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -126,8 +127,9 @@ def kubelet_connect(paths: SocketPaths) -> Kubelet:
     )
 
 
-@pytest.fixture
-def served(node: Node) -> Iterator[tuple[Node, PluginServer, Kubelet]]:
+@contextmanager
+def serving(node: Node) -> Iterator[tuple[PluginServer, Kubelet]]:
+    """Serve ``node``'s driver over unix sockets and connect a kubelet to it."""
     paths = SocketPaths.for_driver(
         DEFAULT_DRIVER_NAME, str(node.plugin_dir), str(node.registry_dir)
     )
@@ -135,7 +137,15 @@ def served(node: Node) -> Iterator[tuple[Node, PluginServer, Kubelet]]:
     server = PluginServer(driver, paths, node.health, health_interval=0.2)
     server.start()
     kubelet = kubelet_connect(paths)
-    yield node, server, kubelet
-    kubelet.channel.close()
-    server.stop(grace=0.5)
-    driver.close()
+    try:
+        yield server, kubelet
+    finally:
+        kubelet.channel.close()
+        server.stop(grace=0.5)
+        driver.close()
+
+
+@pytest.fixture
+def served(node: Node) -> Iterator[tuple[Node, PluginServer, Kubelet]]:
+    with serving(node) as (server, kubelet):
+        yield node, server, kubelet

@@ -95,3 +95,9 @@ def test_write_and_remove_are_atomic_and_idempotent(tmp_path: Path) -> None:
     assert cdi.claim_uids_on_disk(tmp_path, "gpu-fraction.dra.dev") == {UID}
     assert cdi.remove_spec(tmp_path, "gpu-fraction.dra.dev", UID)
     assert not cdi.remove_spec(tmp_path, "gpu-fraction.dra.dev", UID)
+
+
+@pytest.mark.parametrize("share_id", ["a\n", "a b", "a/b"])
+def test_device_name_refuses_characters_outside_the_cdi_alphabet(share_id: str) -> None:
+    with pytest.raises(cdi.CdiError, match="characters outside"):
+        cdi.device_name("3f1c2b9a-0d4e-4c7b-9a51-5e2f8d6c7b10", "gpu-0", share_id)

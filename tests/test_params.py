@@ -69,7 +69,7 @@ def test_bad_parameters_are_named(fields: dict[str, Any], message: str) -> None:
 def test_wrong_kind_and_non_object() -> None:
     with pytest.raises(ParameterError, match="apiVersion/kind"):
         parse_parameters({"apiVersion": "v1", "kind": "ConfigMap"})
-    with pytest.raises(ParameterError, match="must be an object"):
+    with pytest.raises(ParameterError, match="expected an object, got a list"):
         parse_parameters(["memoryLimit"])
 
 

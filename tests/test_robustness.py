@@ -64,8 +64,8 @@ def test_one_bad_claim_does_not_abort_the_batch(node: Node) -> None:
     out = driver.prepare([ref(c) for c in (good, huge, no_request, bad_opaque)])
     assert out[good["metadata"]["uid"]].error == ""
     assert "larger than any GPU" in out[huge["metadata"]["uid"]].error
-    assert "malformed" in out[no_request["metadata"]["uid"]].error
-    assert "malformed" in out[bad_opaque["metadata"]["uid"]].error
+    assert "results[0].request: missing" in out[no_request["metadata"]["uid"]].error
+    assert "config[0].opaque: expected an object" in out[bad_opaque["metadata"]["uid"]].error
     assert on_disk(node) == {good["metadata"]["uid"]}
     assert [p.name for p in node.cdi_root.iterdir()] == [spec_file(node, good).name]
     driver.close()
@@ -211,4 +211,24 @@ def test_capacity_shares_beyond_the_card_are_refused(mixed_node: Node) -> None:
     out = driver.prepare([ref(a), ref(b)])
     assert out[a["metadata"]["uid"]].error == ""
     assert "more than the card's" in out[b["metadata"]["uid"]].error
+    driver.close()
+
+
+@pytest.mark.parametrize("first_share,second_share", [(None, "a"), ("a", None)])
+def test_a_device_prepared_exclusively_is_never_shared_and_vice_versa(
+    mixed_node: Node, first_share: str | None, second_share: str | None
+) -> None:
+    node = mixed_node
+    device = node.device(1, None)
+    first, second = (
+        cf.claim([cf.result(device, NODE, share_id=s, memory="8Gi")])
+        for s in (first_share, second_share)
+    )
+    for c in (first, second):
+        node.claims.add(c)
+    driver = node.driver()
+    out = driver.prepare([ref(first), ref(second)])
+    assert out[first["metadata"]["uid"]].error == ""
+    assert "already prepared for claim" in out[second["metadata"]["uid"]].error
+    assert on_disk(node) == {first["metadata"]["uid"]}
     driver.close()
