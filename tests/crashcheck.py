@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.mps.names import namespace_name
+from dra_driver.mps.names import dedicated_server_name, namespace_name
 from dra_driver.mps.targets import CONTAINER_PIPE_DIR
 
 PREPARED = "prepared"
@@ -37,6 +37,11 @@ def pipe_dirs(mps_root: Path, uid: str) -> set[Path]:
     return set((mps_root / "mps").glob(f"*/pipe/*/{namespace_name(uid)}"))
 
 
+def server_dirs(mps_root: Path, uid: str) -> set[Path]:
+    """The pipe directories of the claim's own MPS servers (multi-GPU claims) that exist."""
+    return set((mps_root / "mps").glob(f"*/pipe/{dedicated_server_name(uid)}"))
+
+
 def claim_state(state_dir: Path, cdi_root: Path, mps_root: Path, uid: str) -> str:
     """``prepared`` (record, spec with the recorded CDI devices, every pipe directory the spec
     mounts and no other), ``absent`` (none of them), or ``inconsistent: <what is wrong>``."""
@@ -44,9 +49,12 @@ def claim_state(state_dir: Path, cdi_root: Path, mps_root: Path, uid: str) -> st
     spec_file = spec_path(cdi_root, uid)
     spec = json.loads(spec_file.read_text()) if spec_file.exists() else None
     pipes = pipe_dirs(mps_root, uid)
-    if record is None and spec is None and not pipes:
+    servers = server_dirs(mps_root, uid)
+    if record is None and spec is None and not pipes and not servers:
         return ABSENT
     problems = []
+    if servers - {p.parent for p in pipes}:
+        problems.append(f"claim server dirs without namespace: {sorted(map(str, servers))}")
     if record is None:
         problems.append("no checkpoint record")
     if spec is None:

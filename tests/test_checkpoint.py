@@ -3,30 +3,54 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dra_driver.checkpoint import VERSION, Checkpoint, CheckpointCorrupt, _checksum
+from dra_driver.checkpoint import (
+    VERSION,
+    Checkpoint,
+    CheckpointCorrupt,
+    ClaimRecord,
+    PreparedDevice,
+    _checksum,
+)
 from dra_driver.prepare import ClaimRef
 from tests import claimfactory as cf
 from tests.conftest import NODE, Node
+from tests.fakes.plans import GIB, device, gpu, plan
+
+UID = "0c000000-0000-4000-8000-00000000000c"
+
+
+def record(uid: str = UID) -> ClaimRecord:
+    p = plan(
+        device(gpu(0), 20 * GIB, 30 * GIB),
+        device(gpu(1), 8 * GIB, mode="sm-sharing", threads=30, name="gpu-1", share_id="s1"),
+        uid=uid,
+    )
+    devices = tuple(
+        PreparedDevice(d.request_names, d.pool, d.device, d.share_id, (f"v/claim=c-{d.key}",))
+        for d in p.devices
+    )
+    return ClaimRecord(p.claim.namespace, p.claim.name, devices, p)
 
 
 def test_round_trip(tmp_path: Path) -> None:
     cp = Checkpoint(tmp_path, "boot-1")
-    cp.claims["u1"] = {"namespace": "ns", "name": "c"}
+    cp.claims[UID] = record()
     cp.save()
     again = Checkpoint(tmp_path, "boot-1")
     assert again.load()
-    assert again.claims == {"u1": {"namespace": "ns", "name": "c"}}
+    assert again.claims == {UID: record()}
     assert not list(tmp_path.glob(".*tmp"))
 
 
 def test_new_boot_resets(tmp_path: Path) -> None:
     cp = Checkpoint(tmp_path, "boot-1")
-    cp.claims["u1"] = {}
+    cp.claims[UID] = record()
     cp.save()
     after_reboot = Checkpoint(tmp_path, "boot-2")
     assert after_reboot.load() is False
@@ -39,13 +63,15 @@ def test_new_boot_resets(tmp_path: Path) -> None:
     [
         lambda doc: "{not json",
         lambda doc: json.dumps({**doc, "version": 99}),
-        lambda doc: json.dumps({**doc, "claims": {"u1": {"tampered": True}}}),
+        lambda doc: json.dumps({**doc, "version": True}),
+        lambda doc: json.dumps({**doc, "version": [1]}),
+        lambda doc: json.dumps({**doc, "claims": {UID: {"tampered": True}}}),
         lambda doc: json.dumps({k: v for k, v in doc.items() if k != "claims"}),
     ],
 )
 def test_corruption_is_reported_and_kept(tmp_path: Path, damage: object) -> None:
     cp = Checkpoint(tmp_path, "b")
-    cp.claims["u1"] = {"x": 1}
+    cp.claims[UID] = record()
     cp.save()
     doc = json.loads(cp.path.read_text())
     cp.path.write_text(damage(doc))  # type: ignore[operator]
@@ -56,6 +82,81 @@ def test_corruption_is_reported_and_kept(tmp_path: Path, damage: object) -> None
     assert info.value.kept_at.read_text() == broken
     assert not cp.path.exists()
     assert fresh.claims == {}
+
+
+def _write(tmp_path: Path, claims: dict[str, Any]) -> Checkpoint:
+    """A checkpoint file with these raw records and a valid checksum (boot ``b``)."""
+    doc = {"version": 1, "bootId": "b", "checksum": _checksum(claims), "claims": claims}
+    (tmp_path / "checkpoint.json").write_text(json.dumps(doc))
+    return Checkpoint(tmp_path, "b")
+
+
+def _set(doc: dict[str, Any], path: str, value: Any) -> None:
+    *parents, last = path.split(".")
+    for key in parents:
+        doc = doc[int(key)] if isinstance(doc, list) else doc[key]  # type: ignore[index]
+    doc[last] = value
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("plan", None, f"record {UID}.plan is NoneType, not dict"),
+        ("devices", {}, f"record {UID}.devices is dict, not list"),
+        ("devices.0.cdi_device_ids", [1], f"record {UID}.devices[0].cdi_device_ids is not a list"),
+        ("plan.devices.0.gpu.uuid", 7, f"record {UID}.plan.devices[0].gpu.uuid is int, not str"),
+        ("plan.devices.0.memory_limit_bytes", True, "memory_limit_bytes is bool, not int"),
+        ("plan.devices.0.compute_mode", None, "compute_mode is NoneType, not str"),
+        ("plan.devices.1.active_thread_percentage", "30", "active_thread_percentage is str"),
+        ("plan.claim.uid", "0d000000-0000-4000-8000-00000000000d", "holds the plan of claim 0d"),
+    ],
+)
+def test_a_record_of_the_wrong_shape_is_corrupt_and_named(
+    tmp_path: Path, path: str, value: Any, message: str
+) -> None:
+    doc = json.loads(json.dumps(record().to_json()))
+    _set(doc, path, value)
+    with pytest.raises(CheckpointCorrupt, match=re.escape(message)):
+        _write(tmp_path, {UID: doc}).load()
+
+
+def test_a_required_field_missing_is_corrupt_and_named(tmp_path: Path) -> None:
+    doc = json.loads(json.dumps(record().to_json()))
+    del doc["plan"]["devices"][0]["gpu"]["minor"]
+    with pytest.raises(CheckpointCorrupt, match=r"plan\.devices\[0\]\.gpu\.minor is missing"):
+        _write(tmp_path, {UID: doc}).load()
+
+
+def test_optional_fields_take_their_defaults(tmp_path: Path) -> None:
+    doc = json.loads(json.dumps(record().to_json()))
+    for d in doc["plan"]["devices"]:
+        for key in ("share_id", "active_thread_percentage"):
+            del d[key]
+        for key in ("name", "sm_count", "compute_capability", "architecture", "pci_bus_id"):
+            del d["gpu"][key]
+        for key in ("mig_enabled", "driver_version", "cuda_driver_version"):
+            del d["gpu"][key]
+    for d in doc["devices"]:
+        del d["share_id"]
+    cp = _write(tmp_path, {UID: doc})
+    assert cp.load()
+    [read] = cp.claims.values()
+    d0 = read.plan.devices[1]
+    assert (d0.share_id, d0.active_thread_percentage, read.devices[1].share_id) == (None,) * 3
+    assert (d0.gpu.uuid, d0.gpu.memory_bytes) == (gpu(1).uuid, gpu(1).memory_bytes)
+    assert (d0.gpu.name, d0.gpu.sm_count, d0.gpu.mig_enabled, d0.gpu.cuda_driver_version) == (
+        "",
+        0,
+        False,
+        "",
+    )
+    cp.save()
+    assert (
+        json.loads(cp.path.read_text())["claims"][UID]["plan"]["devices"][1]["gpu"][
+            "cuda_driver_version"
+        ]
+        == ""
+    )
 
 
 FIXTURES = Path(__file__).parent / "data" / "checkpoints"

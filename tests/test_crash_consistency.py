@@ -9,7 +9,9 @@ with real SIGKILLs of the real plugin process.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -18,10 +20,12 @@ import pytest
 from dra_driver import cdi
 from dra_driver.driver import Driver
 from dra_driver.mps import MpsOptions, RecordingEnforcer
+from dra_driver.mps.names import namespace_name
 from dra_driver.prepare import ClaimRef
 from tests import claimfactory as cf
 from tests.conftest import NODE, Node
 from tests.crashcheck import ABSENT, PREPARED, claim_state, pipe_dirs, spec_path
+from tests.fakes import plans
 
 
 class Killed(BaseException):
@@ -211,3 +215,41 @@ def test_start_up_removes_enforcement_of_unrecorded_claims(sim: Node) -> None:
     assert state(sim, claim) == ABSENT
     assert state(sim, other) == PREPARED
     driver.close()
+
+
+def test_the_real_enforcer_says_whether_a_plan_is_enforced(tmp_path: Path) -> None:
+    fake = plans.Node(tmp_path)
+    p = plans.plan(plans.device(fake.gpus[0], 10 * plans.GIB))
+    assert not fake.enforcer.enforced(p)
+    fake.enforcer.apply(p)
+    assert fake.enforcer.enforced(p)
+    assert not fake.enforcer.enforced(plans.plan(plans.device(fake.gpus[0], 9 * plans.GIB)))
+    shutil.rmtree(fake.pipe("time-slicing") / "gpu_0" / namespace_name(p.claim.uid))
+    assert not fake.enforcer.enforced(p)
+    fake.enforcer.apply(p)
+    assert fake.enforcer.enforced(p)
+    fake.enforcer.release(p.claim.uid)
+    assert not fake.enforcer.enforced(p)
+
+
+def test_the_simulated_enforcer_removes_what_claims_it_does_not_know_left(tmp_path: Path) -> None:
+    options = MpsOptions(root=str(tmp_path / "run"))
+    gpus = [plans.gpu(0), plans.gpu(1)]
+    kept = plans.plan(plans.device(gpus[0], 10 * plans.GIB))
+    two_gpus = plans.plan(*(plans.device(g, 10 * plans.GIB, name=f"d{g.index}") for g in gpus))
+    single = plans.plan(plans.device(gpus[1], 10 * plans.GIB))
+    first = RecordingEnforcer(make_dirs=True, options=options)
+    for p in (kept, two_gpus, single):
+        first.apply(p)
+    assert all(first.enforced(p) for p in (kept, two_gpus, single))
+    restarted = RecordingEnforcer(make_dirs=True, options=options)
+    restarted.restore([kept])
+    assert restarted.enforced(kept)
+    mps = tmp_path / "run" / "mps"
+    assert pipe_dirs(tmp_path / "run", kept.claim.uid)
+    assert not pipe_dirs(tmp_path / "run", two_gpus.claim.uid)
+    assert not list(mps.glob("*/pipe/m_*"))
+    assert not pipe_dirs(tmp_path / "run", single.claim.uid)
+    again = RecordingEnforcer(make_dirs=True, options=options)
+    again.release(kept.claim.uid)  # a claim this process never saw: removed by UID
+    assert not pipe_dirs(tmp_path / "run", kept.claim.uid)
