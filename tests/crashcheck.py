@@ -32,6 +32,15 @@ def spec_path(cdi_root: Path, uid: str) -> Path:
     return cdi_root / f"{DEFAULT_DRIVER_NAME}-claim_{uid}.json"
 
 
+def spec_device_ids(cdi_root: Path, uid: str) -> set[str]:
+    """The qualified CDI device IDs the claim's spec lists ({} without a spec)."""
+    path = spec_path(cdi_root, uid)
+    if not path.exists():
+        return set()
+    spec = json.loads(path.read_text())
+    return {f"{spec['kind']}={d['name']}" for d in spec["devices"]}
+
+
 def pipe_dirs(mps_root: Path, uid: str) -> set[Path]:
     """The claim's namespace pipe directories that exist under ``mps_root``."""
     return set((mps_root / "mps").glob(f"*/pipe/*/{namespace_name(uid)}"))
@@ -48,6 +57,7 @@ def claim_state(state_dir: Path, cdi_root: Path, mps_root: Path, uid: str) -> st
     record = records(state_dir).get(uid)
     spec_file = spec_path(cdi_root, uid)
     spec = json.loads(spec_file.read_text()) if spec_file.exists() else None
+    listed = spec_device_ids(cdi_root, uid)
     pipes = pipe_dirs(mps_root, uid)
     servers = server_dirs(mps_root, uid)
     if record is None and spec is None and not pipes and not servers:
@@ -60,11 +70,10 @@ def claim_state(state_dir: Path, cdi_root: Path, mps_root: Path, uid: str) -> st
     if spec is None:
         problems.append("no CDI spec")
     else:
-        names = {f"{spec['kind']}={d['name']}" for d in spec["devices"]}
         if record is not None:
             recorded = {i for d in record["devices"] for i in d["cdi_device_ids"]}
-            if names != recorded:
-                problems.append(f"spec devices {sorted(names)} != recorded {sorted(recorded)}")
+            if listed != recorded:
+                problems.append(f"spec devices {sorted(listed)} != recorded {sorted(recorded)}")
         mounted = {
             Path(m["hostPath"])
             for d in spec["devices"]
