@@ -217,6 +217,20 @@ def write_spec(cdi_root: str | Path, vendor: str, claim_uid: str, spec: Mapping[
     return path
 
 
+def spec_device_ids(cdi_root: str | Path, vendor: str, claim_uid: str) -> frozenset[str] | None:
+    """Fully qualified CDI device IDs (``<vendor>/claim=<name>``) that the claim's spec on
+    disk lists; None when there is no spec or it is not a readable spec.
+
+    Raises:
+        PrepareError: when the claim UID is malformed.
+    """
+    try:
+        spec = json.loads(spec_path(cdi_root, vendor, claim_uid).read_bytes())
+        return frozenset(f"{spec['kind']}={d['name']}" for d in spec["devices"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def remove_spec(cdi_root: str | Path, vendor: str, claim_uid: str) -> bool:
     """Remove the claim's spec file; return whether one existed (idempotent)."""
     try:

@@ -1,9 +1,18 @@
 """Prepare and Unprepare: the effects around the pure plan (API read, MPS, CDI, checkpoint).
 
-Order for one claim (crash-safe without an intent record): plan -> enforcer.apply -> CDI
-spec write -> checkpoint save. A crash before the checkpoint save leaves at most a CDI spec
-and MPS state for a claim the kubelet will prepare again (idempotent) or unprepare (which
-removes by UID, checkpoint or not); the start-up sweep removes CDI specs no record knows.
+Crash consistency: once :meth:`Driver.start` has run after a kill at any instant, each claim
+is either prepared (checkpoint record, a CDI spec listing the recorded CDI devices, and its
+enforcement) or absent (none of them). The orders that make it so:
+
+- Prepare: plan -> enforcer.apply -> CDI spec write -> checkpoint save. Killed before the
+  save, a claim has no record, and start-up removes what it left.
+- Unprepare: checkpoint save without the records -> enforcer.release -> CDI spec removal.
+  Killed before the save, the claim is intact; after it, start-up removes what is left.
+- Start-up: the enforcer re-applies recorded claims and removes the enforcement of others
+  (``restore``); CDI specs without a record are removed; a recorded claim whose spec is
+  missing or lists other devices gets it rewritten.
+- Prepare of a recorded claim first re-creates what is missing (enforcement re-applied from
+  the recorded plan, CDI spec rewritten), then answers from the record.
 """
 
 from __future__ import annotations
@@ -12,13 +21,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import structlog
 
 from dra_driver import cdi
-from dra_driver.checkpoint import Checkpoint, CheckpointCorrupt
+from dra_driver.checkpoint import Checkpoint, CheckpointCorrupt, ClaimRecord, PreparedDevice
 from dra_driver.claims import ClaimReader
 from dra_driver.ids import validate_claim_name
 from dra_driver.locking import PrepareLock
@@ -30,8 +40,6 @@ from dra_driver.prepare import (
     PrepareError,
     overcommit_error,
     plan_claim,
-    plan_from_json,
-    plan_to_json,
     validate_uid,
 )
 from dra_driver.slices import FractionDevice
@@ -40,16 +48,7 @@ log = structlog.get_logger(__name__)
 
 _CLAIM_ERRORS = (PrepareError, MpsError, cdi.CdiError, OSError)
 
-
-@dataclass(frozen=True)
-class PreparedDevice:
-    """One entry of the NodePrepareResources reply (CDI IDs are fully qualified)."""
-
-    request_names: tuple[str, ...]
-    pool: str
-    device: str
-    share_id: str | None
-    cdi_device_ids: tuple[str, ...]
+__all__ = ["Driver", "PrepareOutcome", "PreparedDevice"]
 
 
 @dataclass(frozen=True)
@@ -60,12 +59,6 @@ class PrepareOutcome:
     error: str = ""
 
 
-def _validate_record(record: Mapping[str, Any]) -> None:
-    """Raise if a checkpoint record cannot be used (its plan or devices do not parse)."""
-    plan_from_json(record["plan"])
-    _devices_from_record(record)
-
-
 def _remove_temp_files(*dirs: Path) -> None:
     """Remove temp files a killed write left behind (``.<name>.<pid>.tmp``)."""
     for d in dirs:
@@ -73,19 +66,6 @@ def _remove_temp_files(*dirs: Path) -> None:
             for tmp in d.glob(".*.tmp"):
                 tmp.unlink(missing_ok=True)
                 log.info("removed temp file left by a killed write", path=str(tmp))
-
-
-def _devices_from_record(record: Mapping[str, Any]) -> tuple[PreparedDevice, ...]:
-    return tuple(
-        PreparedDevice(
-            request_names=tuple(d["request_names"]),
-            pool=d["pool"],
-            device=d["device"],
-            share_id=d.get("share_id"),
-            cdi_device_ids=tuple(d["cdi_device_ids"]),
-        )
-        for d in record["devices"]
-    )
 
 
 class Driver:
@@ -128,13 +108,15 @@ class Driver:
         self.cdi_root = Path(cdi_root)
         self.device_root = Path(device_root)
         self.lock = lock
-        self.checkpoint = Checkpoint(state_dir, boot_id, validate=_validate_record)
+        self.checkpoint = Checkpoint(state_dir, boot_id)
         self.metrics = metrics or Metrics()
         self._seen_stat: tuple[int, int, int] | None = None
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="claim-read")
 
     def start(self) -> None:
-        """Load the checkpoint, re-apply prepared claims, and sweep orphaned CDI specs.
+        """Load the checkpoint and reconcile records, enforcement and CDI specs both ways:
+        prepared claims are re-applied (and their missing specs rewritten), enforcement and
+        CDI specs of claims without a record are removed.
 
         A corrupt checkpoint is logged as an error and kept aside; enforcement is then left
         as it is (no restore, which would tear down the namespaces of running claims) and
@@ -160,6 +142,7 @@ class Driver:
             self._remember_stat()
             self.enforcer.restore(self.prepared_plans())
             self._sweep()
+            self._rewrite_missing_specs()
 
     def _sweep(self) -> None:
         known = set(self.checkpoint.claims)
@@ -171,6 +154,37 @@ class Driver:
             cdi.remove_spec(self.cdi_root, self.driver_name, uid)
             self.enforcer.release(uid)
             log.info("removed orphaned CDI spec", claim_uid=uid)
+
+    def _rewrite_missing_specs(self) -> None:
+        """Rewrite the spec of every recorded claim whose spec is missing or lists other
+        devices (an older version's killed Unprepare removed it before the record)."""
+        for uid in sorted(self.checkpoint.claims):
+            record = self.checkpoint.claims[uid]
+            if not self._spec_matches(record):
+                self._claim_outcome(record.plan.claim, partial(self._ensure_artifacts, record))
+
+    def _spec_matches(self, record: ClaimRecord) -> bool:
+        listed = cdi.spec_device_ids(self.cdi_root, self.driver_name, record.plan.claim.uid)
+        return listed == frozenset(i for d in record.devices for i in d.cdi_device_ids)
+
+    def _ensure_artifacts(self, record: ClaimRecord) -> PrepareOutcome:
+        """The recorded answer, after re-creating the claim's enforcement and CDI spec from
+        the recorded plan if either is missing.
+
+        Raises:
+            MpsError, CdiError, OSError: when they cannot be re-created (the record stays, so
+                the kubelet's retry tries again).
+        """
+        plan = record.plan
+        if not (self._spec_matches(record) and self.enforcer.enforced(plan)):
+            self._write_cdi(plan, self.enforcer.apply(plan))
+            log.warning(
+                "re-created the enforcement and CDI spec of a prepared claim",
+                claim_uid=plan.claim.uid,
+                namespace=plan.claim.namespace,
+                name=plan.claim.name,
+            )
+        return PrepareOutcome(devices=record.devices)
 
     def _stat(self) -> tuple[int, int, int] | None:
         try:
@@ -209,7 +223,8 @@ class Driver:
             for ref in refs:
                 record = self.checkpoint.claims.get(ref.uid)
                 if record is not None:
-                    outcomes[ref.uid] = PrepareOutcome(devices=_devices_from_record(record))
+                    step = partial(self._ensure_artifacts, record)
+                    outcomes[ref.uid] = self._claim_outcome(ref, step)
                 else:
                     todo.append(ref)
             claims = dict(zip([r.uid for r in todo], self._pool.map(self._read, todo), strict=True))
@@ -217,24 +232,10 @@ class Driver:
             prepared = {p.claim.uid: p for p in self.prepared_plans()} if todo else {}
             fresh: list[str] = []
             for ref in todo:
-                bound = log.bind(claim_uid=ref.uid, namespace=ref.namespace, name=ref.name)
-                try:
-                    claim = claims[ref.uid]
-                    if isinstance(claim, Exception):
-                        raise claim
-                    outcomes[ref.uid] = self._prepare_one(ref, claim, table, prepared)
+                step = partial(self._prepare_one, ref, claims[ref.uid], table, prepared)
+                outcomes[ref.uid] = self._claim_outcome(ref, step)
+                if not outcomes[ref.uid].error:
                     fresh.append(ref.uid)
-                    bound.info(
-                        "claim prepared", devices=[d.device for d in outcomes[ref.uid].devices]
-                    )
-                except _CLAIM_ERRORS as exc:
-                    outcomes[ref.uid] = PrepareOutcome(error=str(exc))
-                    self.metrics.errors.labels(operation="prepare").inc()
-                    bound.warning("claim prepare failed", error=str(exc))
-                except Exception as exc:  # a bug must fail this claim only, not the batch
-                    outcomes[ref.uid] = PrepareOutcome(error=f"internal error: {exc!r}")
-                    self.metrics.errors.labels(operation="prepare").inc()
-                    bound.exception("claim prepare failed unexpectedly")
             if fresh:
                 try:
                     self._save()
@@ -246,6 +247,22 @@ class Driver:
                         )
         self.metrics.observe("prepare", len(refs), time.perf_counter() - started)
         return outcomes
+
+    def _claim_outcome(self, ref: ClaimRef, step: Callable[[], PrepareOutcome]) -> PrepareOutcome:
+        """``step()``, or the error it raised as this claim's outcome (logged and counted)."""
+        bound = log.bind(claim_uid=ref.uid, namespace=ref.namespace, name=ref.name)
+        try:
+            outcome = step()
+        except _CLAIM_ERRORS as exc:
+            self.metrics.errors.labels(operation="prepare").inc()
+            bound.warning("claim prepare failed", error=str(exc))
+            return PrepareOutcome(error=str(exc))
+        except Exception as exc:  # a bug must fail this claim only, not the batch
+            self.metrics.errors.labels(operation="prepare").inc()
+            bound.exception("claim prepare failed unexpectedly")
+            return PrepareOutcome(error=f"internal error: {exc!r}")
+        bound.info("claim prepared", devices=[d.device for d in outcome.devices])
+        return outcome
 
     def _read(self, ref: ClaimRef) -> Mapping[str, Any] | Exception:
         try:
@@ -260,11 +277,14 @@ class Driver:
     def _prepare_one(
         self,
         ref: ClaimRef,
-        claim: Mapping[str, Any],
+        claim: Mapping[str, Any] | Exception,
         table: Mapping[str, FractionDevice],
         prepared: dict[str, ClaimPlan],
     ) -> PrepareOutcome:
-        """Prepare one claim; ``prepared`` (plans by claim UID) gains it on success."""
+        """Prepare one claim (``claim``: as read, or the error reading it raised); ``prepared``
+        (plans by claim UID) and the in-memory checkpoint gain it on success."""
+        if isinstance(claim, Exception):
+            raise claim
         plan = plan_claim(ref, claim, self.driver_name, self.pool, table)
         problem = overcommit_error(plan, (p for u, p in prepared.items() if u != ref.uid))
         if problem:
@@ -278,21 +298,7 @@ class Driver:
         except BaseException:
             self.enforcer.release(ref.uid)
             raise
-        self.checkpoint.claims[ref.uid] = {
-            "namespace": ref.namespace,
-            "name": ref.name,
-            "devices": [
-                {
-                    "request_names": list(d.request_names),
-                    "pool": d.pool,
-                    "device": d.device,
-                    "share_id": d.share_id,
-                    "cdi_device_ids": list(d.cdi_device_ids),
-                }
-                for d in devices
-            ],
-            "plan": plan_to_json(plan),
-        }
+        self.checkpoint.claims[ref.uid] = ClaimRecord(ref.namespace, ref.name, devices, plan)
         prepared[ref.uid] = plan
         return PrepareOutcome(devices=devices)
 
@@ -332,34 +338,29 @@ class Driver:
     def unprepare(self, refs: Iterable[ClaimRef]) -> dict[str, str]:
         """Unprepare each claim (unknown claims succeed); returns error text by UID ("" = ok).
 
-        If the checkpoint cannot be written, the removed records are put back and those
-        claims fail, so the kubelet's retry finds them again (memory never runs ahead of disk).
+        The records go first (one checkpoint save), then each claim's enforcement and CDI
+        spec, so a kill in between leaves artifacts without a record, which start-up removes.
+        If the checkpoint cannot be written, the records are put back, nothing is removed and
+        those claims fail, so the kubelet's retry finds them again (memory never runs ahead
+        of disk).
         """
         refs = list({r.uid: r for r in refs}.values())
         errors: dict[str, str] = {}
         started = time.perf_counter()
         with self.lock.held():
             self._refresh()
-            removed: dict[str, dict[str, Any]] = {}
+            valid: list[ClaimRef] = []
             for ref in refs:
-                bound = log.bind(claim_uid=ref.uid, namespace=ref.namespace, name=ref.name)
                 try:
                     validate_uid(ref.uid)
-                    self.enforcer.release(ref.uid)
-                    cdi.remove_spec(self.cdi_root, self.driver_name, ref.uid)
-                    record = self.checkpoint.claims.pop(ref.uid, None)
-                    if record is not None:
-                        removed[ref.uid] = record
-                    errors[ref.uid] = ""
-                    bound.info("claim unprepared")
-                except _CLAIM_ERRORS as exc:
-                    errors[ref.uid] = str(exc)
-                    self.metrics.errors.labels(operation="unprepare").inc()
-                    bound.warning("claim unprepare failed", error=str(exc))
-                except Exception as exc:  # a bug must fail this claim only, not the batch
-                    errors[ref.uid] = f"internal error: {exc!r}"
-                    self.metrics.errors.labels(operation="unprepare").inc()
-                    bound.exception("claim unprepare failed unexpectedly")
+                    valid.append(ref)
+                except PrepareError as exc:
+                    errors[ref.uid] = self._unprepare_failed(ref, exc)
+            removed = {
+                r.uid: record
+                for r in valid
+                if (record := self.checkpoint.claims.pop(r.uid, None)) is not None
+            }
             if removed:
                 try:
                     self._save()
@@ -367,8 +368,31 @@ class Driver:
                     self.checkpoint.claims.update(removed)
                     for uid in removed:
                         errors[uid] = f"checkpoint write to {self.checkpoint.path} failed: {exc}"
+                    valid = [r for r in valid if r.uid not in removed]
+            for ref in valid:
+                errors[ref.uid] = self._remove_artifacts(ref)
         self.metrics.observe("unprepare", len(refs), time.perf_counter() - started)
         return errors
+
+    def _remove_artifacts(self, ref: ClaimRef) -> str:
+        """Release the claim's enforcement and remove its CDI spec; "" or the error text."""
+        try:
+            self.enforcer.release(ref.uid)
+            cdi.remove_spec(self.cdi_root, self.driver_name, ref.uid)
+        except Exception as exc:  # a bug must fail this claim only, not the batch
+            return self._unprepare_failed(ref, exc)
+        log.info("claim unprepared", claim_uid=ref.uid, namespace=ref.namespace, name=ref.name)
+        return ""
+
+    def _unprepare_failed(self, ref: ClaimRef, exc: Exception) -> str:
+        """Log and count a failed unprepare; return the error text for the kubelet."""
+        self.metrics.errors.labels(operation="unprepare").inc()
+        bound = log.bind(claim_uid=ref.uid, namespace=ref.namespace, name=ref.name)
+        if isinstance(exc, _CLAIM_ERRORS):
+            bound.warning("claim unprepare failed", error=str(exc))
+            return str(exc)
+        bound.exception("claim unprepare failed unexpectedly")
+        return f"internal error: {exc!r}"
 
     def prepared_plans(self) -> list[ClaimPlan]:
         """Plans of every prepared claim (for metrics and health); safe without the lock.
@@ -376,8 +400,7 @@ class Driver:
         ``list(dict.values())`` copies in one step under the GIL, and Prepare/Unprepare only
         add or remove whole records, so the snapshot is consistent.
         """
-        records = list(self.checkpoint.claims.values())
-        return [plan_from_json(r["plan"]) for r in records]
+        return [r.plan for r in list(self.checkpoint.claims.values())]
 
     def close(self) -> None:
         """Stop the claim-reader threads."""

@@ -29,10 +29,18 @@ class FractionEnforcer(Protocol):
         """
         ...
 
+    def enforced(self, plan: ClaimPlan) -> bool:
+        """Whether ``plan`` is applied as it stands and its pipe directories exist (cheap:
+        from the enforcer's own records and the file system, no MPS command); False means
+        :meth:`apply` it again."""
+        ...
+
     def release(self, claim_uid: str) -> None:
         """Remove everything :meth:`apply` set up for the claim (unknown UID: no-op)."""
         ...
 
     def restore(self, plans: Sequence[ClaimPlan]) -> None:
-        """Re-apply every prepared claim after a plugin or daemon restart."""
+        """Re-apply every prepared claim after a plugin or daemon restart, and remove what
+        claims not in ``plans`` left (a plugin killed before recording or after forgetting
+        them)."""
         ...

@@ -216,6 +216,18 @@ class MpsEnforcer:
                 self._log_target(bound, t, applied.pipes.get(t.gpu.uuid))
             return claim_edits(targets, self.options, applied.pipes)
 
+    def enforced(self, plan: ClaimPlan) -> bool:
+        """Whether ``plan`` is applied (not pending a retry) and its namespaces' pipe
+        directories exist; no MPS command (:meth:`check_health` checks MPS itself)."""
+        with self._lock:
+            applied = self._claims.get(plan.claim.uid)
+            return (
+                applied is not None
+                and plan.claim.uid not in self._pending
+                and applied.plan == plan
+                and all(Path(p).is_dir() for p in applied.pipes.values())
+            )
+
     def release(self, claim_uid: str) -> None:
         """Remove the claim's namespaces (clients terminated first) and its own server if it
         has one, undo its soft-limit reservations, and stop servers/daemons nobody needs any

@@ -10,18 +10,20 @@ hooks.
 
 With ``make_dirs`` (a simulated node whose specs a real runtime reads) it also creates each
 claim's namespace pipe directory, which runc bind-mounts into the container, and removes it
-when the claim is released.
+when the claim is released; like the real enforcer, ``restore`` removes those of claims it is
+not given and ``release`` of a claim it does not know removes what is on disk for it.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dra_driver.cdi import ContainerEdits
 from dra_driver.mps.base import MpsError
+from dra_driver.mps.names import claim_uid_of, claim_uid_of_server
 from dra_driver.mps.targets import (
     CONTAINER_PIPE_DIR,
     FractionTarget,
@@ -103,16 +105,37 @@ class RecordingEnforcer:
         self._memo[uid] = (plan, targets)
         return targets
 
+    def enforced(self, plan: ClaimPlan) -> bool:
+        """Whether ``plan`` is recorded as it stands and (with ``make_dirs``) its pipe
+        directories exist."""
+        uid = plan.claim.uid
+        if self.applied.get(uid) != plan:
+            return False
+        targets = self._applied_targets(uid, self.applied[uid])
+        return not self.make_dirs or all(d.is_dir() for d in self._pipe_dirs(targets))
+
     def release(self, claim_uid: str) -> None:
-        """Forget the claim (idempotent)."""
+        """Forget the claim and remove its pipe directories, known or not (idempotent)."""
         self.calls.append(("release", claim_uid))
-        plan = self.applied.pop(claim_uid, None)
-        memo = self._memo.pop(claim_uid, None)
-        if self.make_dirs and plan is not None:
-            targets = memo[1] if memo is not None else self._validated_or_none(plan)
-            for d in self._pipe_dirs(targets):
+        self.applied.pop(claim_uid, None)
+        self._memo.pop(claim_uid, None)
+        self._remove_dirs(lambda uid: uid == claim_uid)
+
+    def _remove_dirs(self, whose: Callable[[str], bool]) -> None:
+        """With ``make_dirs``: remove the namespace pipe directories and claim server
+        directories on disk of the claims ``whose`` selects (by claim UID)."""
+        if not self.make_dirs:
+            return
+        for server in sorted(self.options.mps_root.glob("*/pipe/*")):
+            for ns in sorted(server.iterdir()) if server.is_dir() else ():
+                uid = claim_uid_of(ns.name)
+                if uid is not None and whose(uid):
+                    with contextlib.suppress(OSError):
+                        ns.rmdir()  # empty on a simulated node: no MPS daemon writes into it
+            owner = claim_uid_of_server(server.name)
+            if owner is not None and whose(owner):
                 with contextlib.suppress(OSError):
-                    d.rmdir()  # empty on a simulated node: no MPS daemon writes into it
+                    server.rmdir()
 
     def _validated_or_none(self, plan: ClaimPlan) -> tuple[FractionTarget, ...]:
         try:
@@ -121,8 +144,14 @@ class RecordingEnforcer:
             return ()
 
     def restore(self, plans: Sequence[ClaimPlan]) -> None:
-        """Re-record every plan."""
+        """Re-record every plan (creating its pipe directories) and forget every other claim
+        (removing what is on disk for it)."""
         self.calls.append(("restore", str(len(plans))))
+        wanted = {p.claim.uid for p in plans}
+        for uid in [u for u in self.applied if u not in wanted]:
+            del self.applied[uid]
+            self._memo.pop(uid, None)
+        self._remove_dirs(lambda uid: uid not in wanted)
         for plan in plans:
             self.applied[plan.claim.uid] = plan
             self._make_pipe_dirs(self._validated_or_none(plan))
