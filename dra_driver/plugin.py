@@ -155,6 +155,16 @@ def make_enforcer(
 def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
     """Run the plugin until SIGTERM/SIGINT (or ``stop``); returns the exit code."""
     stop = stop or threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("signal received; stopping", signal=signum)
+        stop.set()
+
+    # First: a SIGTERM that arrives while the sockets are being created (a kubelet or a
+    # rolling update stopping a pod that just started) must stop the plugin cleanly.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
     config = load_node_config(opts.node_config)
     lost_file = opts.sim_root / simnode.LOST_GPUS if opts.simulated else None
     state = NodeState(open_source(opts.gpus, seed=opts.node_name, lost_file=lost_file), config)
@@ -231,13 +241,6 @@ def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
         target=publisher.watch, args=(stop, wake), name="slice-watch", daemon=True
     ).start()
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("signal received; stopping", signal=signum)
-        stop.set()
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
     log.info("kubelet plugin running", node=opts.node_name, gpus=len(state.inventory.gpus))
     stop.wait()
     wake.set()
