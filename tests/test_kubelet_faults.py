@@ -133,7 +133,7 @@ def test_registration_rejections_reregister_through_one_bounded_worker(served: S
     sampler.start()
     rejected = registration_pb2.RegistrationStatus(plugin_registered=False, error="rejected")
     for _ in range(300):
-        kubelet.registration.NotifyRegistrationStatus(rejected, timeout=5)
+        kubelet.registration.NotifyRegistrationStatus(rejected, timeout=5, wait_for_ready=True)
     time.sleep(3.0)  # the re-registration delay passes
     done.set()
     sampler.join()
