@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dra_driver import DEFAULT_DRIVER_NAME, logs
+from dra_driver.budget import DEFAULT_CALL_BUDGET_S, KUBELET_CALL_TIMEOUT_S
 from dra_driver.kubelet.server import DEFAULT_PLUGIN_DIR, DEFAULT_REGISTRY_DIR
 
 DEFAULT_CDI_ROOT = "/var/run/cdi"
@@ -24,6 +25,20 @@ def _percentage(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if not 1 <= value <= 100:
         raise argparse.ArgumentTypeError(f"{value} is outside 1..100")
+    return value
+
+
+def _call_budget(text: str) -> float:
+    """argparse type: seconds, at least 1 and below the kubelet's 45 s call timeout."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 1 <= value < KUBELET_CALL_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(
+            f"{value:g} s is outside [1, {KUBELET_CALL_TIMEOUT_S:g}): the kubelet gives each "
+            f"call {KUBELET_CALL_TIMEOUT_S:g} s"
+        )
     return value
 
 
@@ -114,6 +129,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--publish-interval", type=float, default=30.0, help="seconds between slice syncs"
     )
+    p.add_argument(
+        "--call-budget",
+        type=_call_budget,
+        default=DEFAULT_CALL_BUDGET_S,
+        help="seconds each NodePrepareResources/NodeUnprepareResources call may take, shared "
+        f"by its claims (default {DEFAULT_CALL_BUDGET_S:g}; below the kubelet's "
+        f"{KUBELET_CALL_TIMEOUT_S:g} s)",
+    )
 
     p = sub.add_parser(
         "render-slices",
@@ -181,6 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rolling_update_uid=args.rolling_update_uid,
         metrics_port=args.metrics_port,
         publish_interval=args.publish_interval,
+        call_budget=args.call_budget,
         host_root=args.host_root,
         simulation_root=args.simulation_root,
         simulated_cdi_hook=args.simulated_cdi_hook,

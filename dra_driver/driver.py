@@ -13,13 +13,21 @@ enforcement) or absent (none of them). The orders that make it so:
   missing or lists other devices gets it rewritten.
 - Prepare of a recorded claim first re-creates what is missing (enforcement re-applied from
   the recorded plan, CDI spec rewritten), then answers from the record.
+
+Time: each call has a budget (:mod:`dra_driver.budget`, ``--call-budget``) shared by its
+claims. Claims are read from the API server first, in parallel, without the prepare lock (a
+hung read must not hold up other calls) and within half of the budget; the lock is then taken
+for the node-side work.
+A claim whose read, lock wait or MPS commands run out of the budget fails alone with a
+message saying so; the kubelet retries it.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for_futures
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -27,11 +35,12 @@ from typing import Any
 
 import structlog
 
-from dra_driver import cdi
+from dra_driver import budget, cdi
+from dra_driver.budget import DEFAULT_CALL_BUDGET_S, STARTUP_BUDGET_S, Budget
 from dra_driver.checkpoint import Checkpoint, CheckpointCorrupt, ClaimRecord, PreparedDevice
-from dra_driver.claims import ClaimReader
+from dra_driver.claims import ClaimReader, ClaimReadTimeout
 from dra_driver.ids import validate_claim_name
-from dra_driver.locking import PrepareLock
+from dra_driver.locking import LockTimeout, PrepareLock
 from dra_driver.metrics import Metrics
 from dra_driver.mps import FractionEnforcer, MpsError
 from dra_driver.prepare import (
@@ -47,6 +56,11 @@ from dra_driver.slices import FractionDevice
 log = structlog.get_logger(__name__)
 
 _CLAIM_ERRORS = (PrepareError, MpsError, cdi.CdiError, OSError)
+CLAIM_READERS = 32
+"""Claims read from the API server at once (over all calls); more wait for a free reader."""
+CLAIM_READ_SHARE = 0.5
+"""Part of a call's budget its claim reads may take; the rest is kept for the node-side work
+of the claims that were read (so hung reads cannot starve the good claims of a batch)."""
 
 __all__ = ["Driver", "PrepareOutcome", "PreparedDevice"]
 
@@ -83,6 +97,10 @@ class Driver:
         boot_id: the node's boot ID (a different one resets the checkpoint).
         device_root: host directory holding the ``dev/nvidia*`` nodes that CDI specs name
             (``/`` on a real node; a simulated node's simulation root).
+        call_budget: seconds each Prepare/Unprepare call may take, shared by its claims
+            (below the kubelet's 45 s; ``--call-budget``).
+        startup_budget: seconds :meth:`start` may spend re-applying enforcement; claims not
+            restored by then stay pending and the enforcer's health checks retry them.
     """
 
     def __init__(
@@ -99,6 +117,8 @@ class Driver:
         boot_id: str,
         metrics: Metrics | None = None,
         device_root: str | Path = "/",
+        call_budget: float = DEFAULT_CALL_BUDGET_S,
+        startup_budget: float = STARTUP_BUDGET_S,
     ) -> None:
         self.driver_name = driver_name
         self.pool = pool
@@ -111,7 +131,9 @@ class Driver:
         self.checkpoint = Checkpoint(state_dir, boot_id)
         self.metrics = metrics or Metrics()
         self._seen_stat: tuple[int, int, int] | None = None
-        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="claim-read")
+        self.call_budget = call_budget
+        self.startup_budget = startup_budget
+        self._pool = ThreadPoolExecutor(max_workers=CLAIM_READERS, thread_name_prefix="claim-read")
 
     def start(self) -> None:
         """Load the checkpoint and reconcile records, enforcement and CDI specs both ways:
@@ -140,9 +162,10 @@ class Driver:
                 self._remember_stat()
                 return
             self._remember_stat()
-            self.enforcer.restore(self.prepared_plans())
-            self._sweep()
-            self._rewrite_missing_specs()
+            with budget.within(Budget.of(self.startup_budget)):
+                self.enforcer.restore(self.prepared_plans())
+                self._sweep()
+                self._rewrite_missing_specs()
 
     def _sweep(self) -> None:
         known = set(self.checkpoint.claims)
@@ -215,9 +238,34 @@ class Driver:
         A claim listed twice is prepared once.
         """
         refs = list({r.uid: r for r in refs}.values())
-        outcomes: dict[str, PrepareOutcome] = {}
         started = time.perf_counter()
-        with self.lock.held():
+        call = Budget.of(self.call_budget)
+        # Read outside the lock (claims our snapshot knows are answered from the checkpoint).
+        reading = Budget.of(call.seconds * CLAIM_READ_SHARE)
+        unknown = [r for r in refs if r.uid not in self.checkpoint.claims]
+        claims = self._read_all(unknown, reading, call)
+        try:
+            outcomes = self._prepare_locked(refs, claims, call)
+        except LockTimeout as exc:
+            error = _lock_timeout(call, exc)
+            outcomes = {r.uid: PrepareOutcome(error=error) for r in refs}
+        self.metrics.observe("prepare", len(refs), time.perf_counter() - started)
+        return outcomes
+
+    def _prepare_locked(
+        self,
+        refs: list[ClaimRef],
+        claims: Mapping[str, Mapping[str, Any] | Exception],
+        call: Budget,
+    ) -> dict[str, PrepareOutcome]:
+        """The part of :meth:`prepare` under the lock: ``claims`` are the reads (or their
+        errors) of the claims that were not prepared when the call came.
+
+        Raises:
+            LockTimeout: the lock was not obtained within the call's budget.
+        """
+        outcomes: dict[str, PrepareOutcome] = {}
+        with budget.within(call), self.lock.held(timeout=call.remaining()):
             self._refresh()
             todo: list[ClaimRef] = []
             for ref in refs:
@@ -227,12 +275,12 @@ class Driver:
                     outcomes[ref.uid] = self._claim_outcome(ref, step)
                 else:
                     todo.append(ref)
-            claims = dict(zip([r.uid for r in todo], self._pool.map(self._read, todo), strict=True))
             table = self.devices() if todo else {}
             prepared = {p.claim.uid: p for p in self.prepared_plans()} if todo else {}
             fresh: list[str] = []
             for ref in todo:
-                step = partial(self._prepare_one, ref, claims[ref.uid], table, prepared)
+                claim = claims[ref.uid] if ref.uid in claims else _unread(ref)
+                step = partial(self._prepare_budgeted, ref, claim, table, prepared, call)
                 outcomes[ref.uid] = self._claim_outcome(ref, step)
                 if not outcomes[ref.uid].error:
                     fresh.append(ref.uid)
@@ -245,7 +293,6 @@ class Driver:
                         outcomes[uid] = PrepareOutcome(
                             error=f"checkpoint write to {self.checkpoint.path} failed: {exc}"
                         )
-        self.metrics.observe("prepare", len(refs), time.perf_counter() - started)
         return outcomes
 
     def _claim_outcome(self, ref: ClaimRef, step: Callable[[], PrepareOutcome]) -> PrepareOutcome:
@@ -264,11 +311,48 @@ class Driver:
         bound.info("claim prepared", devices=[d.device for d in outcome.devices])
         return outcome
 
-    def _read(self, ref: ClaimRef) -> Mapping[str, Any] | Exception:
+    def _prepare_budgeted(
+        self,
+        ref: ClaimRef,
+        claim: Mapping[str, Any] | Exception,
+        table: Mapping[str, FractionDevice],
+        prepared: dict[str, ClaimPlan],
+        call: Budget,
+    ) -> PrepareOutcome:
+        """:meth:`_prepare_one` once the claim was read and if the call's budget is left."""
+        if isinstance(claim, Exception):
+            raise claim
+        _check_budget(call, "preparing", ref)
+        return self._prepare_one(ref, claim, table, prepared)
+
+    def _read_all(
+        self, refs: list[ClaimRef], reading: Budget, call: Budget
+    ) -> dict[str, Mapping[str, Any] | Exception]:
+        """Read ``refs`` in parallel within ``reading`` (part of ``call``); a read that does
+        not finish in time gives that claim a timeout error (its thread ends with its own HTTP
+        timeout, which is the same deadline)."""
+        futures: dict[str, Future[Mapping[str, Any] | Exception]] = {
+            r.uid: self._pool.submit(self._read, r, reading, call) for r in refs
+        }
+        wait_for_futures(futures.values(), timeout=reading.remaining())
+        out: dict[str, Mapping[str, Any] | Exception] = {}
+        for ref in refs:
+            future = futures[ref.uid]
+            if future.cancel() or not future.done():
+                out[ref.uid] = _read_timeout(ref, reading, call)
+            else:
+                out[ref.uid] = future.result()
+        return out
+
+    def _read(self, ref: ClaimRef, reading: Budget, call: Budget) -> Mapping[str, Any] | Exception:
         try:
             validate_uid(ref.uid)
             validate_claim_name(ref.namespace, ref.name)
-            return self.reader.read(ref.namespace, ref.name)
+            if reading.spent():  # waited for a free reader all along
+                return _read_timeout(ref, reading, call)
+            return self.reader.read(ref.namespace, ref.name, timeout=reading.remaining())
+        except ClaimReadTimeout:
+            return _read_timeout(ref, reading, call)
         except PrepareError as exc:
             return exc
         except Exception as exc:  # API server unreachable, bad JSON: this claim fails alone
@@ -345,9 +429,23 @@ class Driver:
         of disk).
         """
         refs = list({r.uid: r for r in refs}.values())
-        errors: dict[str, str] = {}
         started = time.perf_counter()
-        with self.lock.held():
+        call = Budget.of(self.call_budget)
+        try:
+            errors = self._unprepare_locked(refs, call)
+        except LockTimeout as exc:
+            errors = dict.fromkeys((r.uid for r in refs), _lock_timeout(call, exc))
+        self.metrics.observe("unprepare", len(refs), time.perf_counter() - started)
+        return errors
+
+    def _unprepare_locked(self, refs: list[ClaimRef], call: Budget) -> dict[str, str]:
+        """The part of :meth:`unprepare` under the lock.
+
+        Raises:
+            LockTimeout: the lock was not obtained within the call's budget.
+        """
+        errors: dict[str, str] = {}
+        with budget.within(call), self.lock.held(timeout=call.remaining()):
             self._refresh()
             valid: list[ClaimRef] = []
             for ref in refs:
@@ -370,13 +468,13 @@ class Driver:
                         errors[uid] = f"checkpoint write to {self.checkpoint.path} failed: {exc}"
                     valid = [r for r in valid if r.uid not in removed]
             for ref in valid:
-                errors[ref.uid] = self._remove_artifacts(ref)
-        self.metrics.observe("unprepare", len(refs), time.perf_counter() - started)
+                errors[ref.uid] = self._remove_artifacts(ref, call)
         return errors
 
-    def _remove_artifacts(self, ref: ClaimRef) -> str:
+    def _remove_artifacts(self, ref: ClaimRef, call: Budget) -> str:
         """Release the claim's enforcement and remove its CDI spec; "" or the error text."""
         try:
+            _check_budget(call, "unpreparing", ref)
             self.enforcer.release(ref.uid)
             cdi.remove_spec(self.cdi_root, self.driver_name, ref.uid)
         except Exception as exc:  # a bug must fail this claim only, not the batch
@@ -405,3 +503,37 @@ class Driver:
     def close(self) -> None:
         """Stop the claim-reader threads."""
         self._pool.shutdown(wait=False)
+
+
+def _read_timeout(ref: ClaimRef, reading: Budget, call: Budget) -> PrepareError:
+    return PrepareError(
+        f"reading ResourceClaim {ref.namespace}/{ref.name} from the API server did not finish "
+        f"within {reading.text()} (the reads' share of the call's {call.text()} budget, "
+        "--call-budget); the kubelet retries"
+    )
+
+
+def _lock_timeout(call: Budget, exc: LockTimeout) -> str:
+    return (
+        f"waiting for the prepare lock did not finish within {call.text()} (the call's "
+        f"budget, --call-budget): {exc}; the kubelet retries"
+    )
+
+
+def _check_budget(call: Budget, doing: str, ref: ClaimRef) -> None:
+    """Raise when the call's budget is spent before ``ref``'s node-side work starts."""
+    if call.spent():
+        raise PrepareError(
+            f"{doing} claim {ref.namespace}/{ref.name} did not start within {call.text()} (the "
+            "call's budget, --call-budget, was spent on the claims before it); the kubelet "
+            "retries"
+        )
+
+
+def _unread(ref: ClaimRef) -> PrepareError:
+    """The claim was prepared when the call came (so not read) and was unprepared by another
+    plugin instance before this call got the lock (a rolling update)."""
+    return PrepareError(
+        f"claim {ref.namespace}/{ref.name} was unprepared by another plugin instance while "
+        "this call waited; the kubelet retries"
+    )

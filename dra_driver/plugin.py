@@ -16,7 +16,9 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client import start_http_server
 from urllib3.exceptions import HTTPError
 
+from dra_driver import budget
 from dra_driver.accounting import UsageSource, register_accounting
+from dra_driver.budget import DEFAULT_CALL_BUDGET_S, HEALTH_CHECK_BUDGET_S, Budget
 from dra_driver.checkpoint import read_boot_id
 from dra_driver.claims import ApiClaimReader
 from dra_driver.config import NodeConfig, load_node_config, warn_unmatched_selectors
@@ -56,6 +58,7 @@ class PluginOptions:
     metrics_port: int = 0
     publish_interval: float = 30.0
     health_interval: float = 20.0
+    call_budget: float = DEFAULT_CALL_BUDGET_S
     mps: MpsOptions = field(default_factory=MpsOptions)
     host_root: str = "/"
     simulation_root: str = ""
@@ -107,14 +110,24 @@ class NodeState:
 def supervise(enforcer: MpsEnforcer, state: NodeState, stop: threading.Event) -> None:
     """Check (and repair) MPS every 10 s; GPUs failing the check are reported unhealthy."""
     while not stop.wait(10.0):
-        try:
+        check_mps(enforcer, state)
+
+
+def check_mps(
+    enforcer: MpsEnforcer, state: NodeState, seconds: float = HEALTH_CHECK_BUDGET_S
+) -> None:
+    """One MPS health check (repairs and retries of pending claims included) within
+    ``seconds``: it holds the enforcer, which Prepare needs. Updates ``state.unhealthy_gpus``;
+    a check that fails as a whole is logged and leaves them as they were."""
+    try:
+        with budget.within(Budget.of(seconds)):
             results = enforcer.check_health()
-        except Exception as exc:  # keep supervising whatever happens
-            log.error("MPS health check failed", error=str(exc))
-            continue
-        state.unhealthy_gpus = {
-            uuid: r.detail or "MPS unhealthy" for uuid, r in results.items() if not r.healthy
-        }
+    except Exception as exc:  # keep supervising whatever happens
+        log.error("MPS health check failed", error=str(exc))
+        return
+    state.unhealthy_gpus = {
+        uuid: r.detail or "MPS unhealthy" for uuid, r in results.items() if not r.healthy
+    }
 
 
 def api_client(kubeconfig: str | None) -> k8s.ApiClient:
@@ -202,6 +215,7 @@ def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
         boot_id=read_boot_id(),
         metrics=metrics,
         device_root=device_root,
+        call_budget=opts.call_budget,
     )
     driver.start()
     publisher = SlicePublisher(k8s.ResourceV1Api(api), opts.driver_name, opts.node_name)

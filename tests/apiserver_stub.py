@@ -8,9 +8,11 @@ ResourceClaim GETs from a dict. End-to-end tests use the real API server instead
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 
@@ -61,7 +63,9 @@ class ApiStub:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                # The client may have given up waiting (a hung request timed out).
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.wfile.write(data)
 
             do_GET = do_POST = do_PUT = do_DELETE = _serve  # noqa: N815
 
@@ -87,18 +91,48 @@ class ApiStub:
 
 
 class ClaimServer(ApiStub):
-    """ResourceClaims by (namespace, name); ``requests`` counts GETs; unknown ones are 404."""
+    """ResourceClaims by (namespace, name); ``requests`` counts requests and ``gets`` GETs per
+    claim; unknown ones are 404. :meth:`hang` makes the GETs of a claim block until
+    :meth:`release` (or the end of the ``with`` block); ``hanging`` counts those blocked now."""
 
     def __init__(self) -> None:
         super().__init__()
         self.claims: dict[tuple[str, str], Any] = {}
         self.requests = 0
+        self.gets: Counter[tuple[str, str]] = Counter()
+        self.hung: set[tuple[str, str]] = set()
+        self.hanging = 0
+        self._lock = threading.Lock()
+        self._released = threading.Event()
+
+    def hang(self, claim: dict[str, Any]) -> None:
+        """Make every GET of ``claim`` hang (no answer) until :meth:`release`."""
+        meta = claim["metadata"]
+        self.hung.add((meta["namespace"], meta["name"]))
+
+    def release(self) -> None:
+        """Let hung GETs answer; later GETs answer at once."""
+        self.hung.clear()
+        self._released.set()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+        super().__exit__(*exc)
 
     def handle(self, method: str, path: str, body: dict[str, Any]) -> tuple[int, Any]:
         self.requests += 1
         m = _CLAIM_PATH.match(path)
-        key = (m.group(1), m.group(2)) if m and method == "GET" else None
-        if key not in self.claims:
+        key = (m.group(1), m.group(2)) if m else ("", "")
+        if method == "GET":
+            with self._lock:
+                self.gets[key] += 1
+        if key in self.hung:
+            with self._lock:
+                self.hanging += 1
+            self._released.wait()
+            with self._lock:
+                self.hanging -= 1
+        if not (m and method == "GET") or key not in self.claims:  # a body may be JSON null
             raise StubError(404, "NotFound")
         return 200, self.claims[key]
 

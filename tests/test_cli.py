@@ -217,6 +217,8 @@ def test_status_lists_prepared_claims(node: Node) -> None:
         (["--node-config=/nonexistent/config.yaml"], "/nonexistent/config.yaml"),
         (["--gpus=simulated:H900x1"], "unknown simulated GPU model 'H900'"),
         (["--default-active-thread-percentage=0"], "0 is outside 1..100"),
+        (["--call-budget=45"], "45 s is outside [1, 45): the kubelet gives each call 45 s"),
+        (["--call-budget=soon"], "'soon' is not a number of seconds"),
     ],
 )
 def test_plugin_start_errors_are_clear(tmp_path: Path, args: list[str], message: str) -> None:

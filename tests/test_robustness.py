@@ -84,7 +84,7 @@ def test_huge_exponent_is_refused_quickly(node: Node) -> None:
 
 
 class Unreachable:
-    def read(self, namespace: str, name: str) -> Any:
+    def read(self, namespace: str, name: str, timeout: float) -> Any:
         raise MaxRetryError(None, "/apis", "connection refused")  # type: ignore[arg-type]
 
 

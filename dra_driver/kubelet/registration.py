@@ -1,7 +1,9 @@
 """``pluginregistration.Registration``: how the kubelet discovers the plugin.
 
 The kubelet watches ``<registry-dir>`` for ``<driver>-reg.sock``, calls ``GetInfo`` and
-then ``NotifyRegistrationStatus`` (k8s.io/kubernetes ``pkg/kubelet/pluginmanager``).
+then ``NotifyRegistrationStatus`` (k8s.io/kubernetes ``pkg/kubelet/pluginmanager``). After a
+rejection the plugin re-creates its registration socket so that the kubelet tries again; the
+:class:`Reregistrar` does that in one worker thread, however many rejections arrive.
 """
 
 from __future__ import annotations
@@ -67,3 +69,49 @@ class RegistrationServicer(pb_grpc.RegistrationServicer):
             if self.on_rejected is not None:
                 self.on_rejected(request.error)
         return pb.RegistrationStatusResponse()
+
+
+class Reregistrar:
+    """One worker that re-creates the registration socket after rejections.
+
+    Requests coalesce: any number of them while a re-registration is pending or running
+    cause at most one more. The worker (started by the first request) waits ``delay``
+    seconds before each re-registration, so a kubelet that keeps rejecting is not answered
+    in a tight loop, and ends on :meth:`close`.
+
+    Args:
+        restart: re-creates the registration server (called in the worker thread only).
+        delay: seconds between a request and the re-registration it causes.
+    """
+
+    def __init__(self, restart: Callable[[], None], delay: float = 2.0) -> None:
+        self._restart = restart
+        self._delay = delay
+        self._wanted = threading.Event()
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._worker: threading.Thread | None = None
+        self.restarts = 0
+        """Re-registrations done so far."""
+
+    def request(self, error: str = "") -> None:
+        """Ask for a re-registration (``error``: the kubelet's reason, unused); never blocks."""
+        self._wanted.set()
+        with self._lock:
+            if self._worker is None and not self._closed.is_set():
+                self._worker = threading.Thread(target=self._run, name="reregister", daemon=True)
+                self._worker.start()
+
+    def close(self) -> None:
+        """Stop the worker (a pending re-registration is dropped)."""
+        self._closed.set()
+        self._wanted.set()
+
+    def _run(self) -> None:
+        while self._wanted.wait() and not self._closed.wait(self._delay):
+            self._wanted.clear()
+            try:
+                self._restart()
+                self.restarts += 1
+            except Exception as exc:  # keep the worker for the next request
+                log.error("re-registration failed; waiting for the next rejection", error=str(exc))

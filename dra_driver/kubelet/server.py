@@ -4,6 +4,11 @@ Socket paths (as k8s.io/dynamic-resource-allocation ``kubeletplugin/draplugin.go
 them): registration ``<registry-dir>/<driver>-reg.sock`` and DRA
 ``<plugin-dir>/<driver>/dra.sock``; with a rolling-update UID (the pod UID)
 ``<driver>-<uid>-reg.sock`` and ``dra-<uid>.sock`` so old and new instances coexist.
+
+Threads: the DRA server's pool has :data:`DRA_WORKERS` threads for Prepare/Unprepare plus one
+per admitted health stream (:data:`~dra_driver.kubelet.health.MAX_HEALTH_STREAMS`), so open
+or cancelled health streams never make Prepare wait. Both servers refuse requests that do not
+decode (:mod:`dra_driver.kubelet.decoding`) and keep a bounded receive size.
 """
 
 from __future__ import annotations
@@ -27,14 +32,20 @@ from dra_driver._proto import (
     registration_pb2_grpc,
 )
 from dra_driver.driver import Driver
+from dra_driver.kubelet.decoding import DecodeInHandler
 from dra_driver.kubelet.dra import v1_servicer, v1beta1_servicer
-from dra_driver.kubelet.health import DeviceStatus, HealthServicer
-from dra_driver.kubelet.registration import RegistrationServicer
+from dra_driver.kubelet.health import MAX_HEALTH_STREAMS, DeviceStatus, HealthServicer, StreamSlots
+from dra_driver.kubelet.registration import RegistrationServicer, Reregistrar
 
 log = structlog.get_logger(__name__)
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/plugins"
 DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
+DRA_WORKERS = 8
+"""Threads of the DRA server for Prepare/Unprepare (health streams get their own on top)."""
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+"""Largest request accepted, bytes: gRPC's default receive limit (4 MiB), set explicitly."""
+SERVER_OPTIONS = (("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),)
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,15 @@ class SocketPaths:
         )
 
 
+def _server(workers: int) -> grpc.Server:
+    """A gRPC server with ``workers`` threads, our options and the decoding interceptor."""
+    return grpc.server(
+        futures.ThreadPoolExecutor(max_workers=workers),
+        interceptors=[DecodeInHandler()],
+        options=SERVER_OPTIONS,
+    )
+
+
 def _listen(server: grpc.Server, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
@@ -75,23 +95,34 @@ class PluginServer:
     ) -> None:
         self.driver = driver
         self.paths = paths
-        self._stop = threading.Event()
-        self._dra = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        self.health_streams = StreamSlots(MAX_HEALTH_STREAMS)
+        self._dra = _server(DRA_WORKERS + MAX_HEALTH_STREAMS)
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(v1_servicer(driver), self._dra)
         dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(v1beta1_servicer(driver), self._dra)
         health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-            HealthServicer(health_v1_pb2, driver.pool, health, self._stop, health_interval),
+            HealthServicer(
+                health_v1_pb2, driver.pool, health, self.health_streams, health_interval
+            ),
             self._dra,
         )
         health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-            HealthServicer(health_v1alpha1_pb2, driver.pool, health, self._stop, health_interval),
+            HealthServicer(
+                health_v1alpha1_pb2, driver.pool, health, self.health_streams, health_interval
+            ),
             self._dra,
         )
+        self._reregistrar = Reregistrar(self._start_registration)
         self.registration = RegistrationServicer(
-            driver.driver_name, str(paths.dra), on_rejected=self._schedule_reregister
+            driver.driver_name, str(paths.dra), on_rejected=self._reregistrar.request
         )
         self._reg: grpc.Server | None = None
         self._reg_lock = threading.Lock()
+        self._stopped = False
+
+    @property
+    def reregistrations(self) -> int:
+        """How many times the registration socket was re-created after a rejection."""
+        return self._reregistrar.restarts
 
     def start(self) -> None:
         """Listen on both sockets (stale socket files are replaced)."""
@@ -104,25 +135,22 @@ class PluginServer:
 
     def _start_registration(self) -> None:
         with self._reg_lock:
+            if self._stopped:
+                return
             if self._reg is not None:
                 self._reg.stop(grace=1).wait()
-            server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+            server = _server(2)
             registration_pb2_grpc.add_RegistrationServicer_to_server(self.registration, server)
             _listen(server, self.paths.registration)
             server.start()
             self._reg = server
 
-    def _schedule_reregister(self, error: str) -> None:
-        def again() -> None:
-            if not self._stop.wait(2.0):
-                self._start_registration()
-
-        threading.Thread(target=again, name="reregister", daemon=True).start()
-
     def stop(self, grace: float = 5.0) -> None:
         """Stop serving and remove both socket files (ResourceSlices are left in place)."""
-        self._stop.set()
+        self._reregistrar.close()
+        self.health_streams.close()
         with self._reg_lock:
+            self._stopped = True
             if self._reg is not None:
                 self._reg.stop(grace=grace).wait()
         self._dra.stop(grace=grace).wait()

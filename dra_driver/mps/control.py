@@ -4,6 +4,11 @@ Grammar and columns follow the NVIDIA MPS docs, "MPS v3 Interface": ``<module> <
 [positional...] [--key=value ...]``; list verbs take ``--format=csv,noheader``. Every command
 runs with the daemon's ``CUDA_MPS_PIPE_DIRECTORY`` / ``CUDA_MPS_LOG_DIRECTORY`` and
 ``CUDA_MPS_PROTOCOL_VERSION=3`` (the env var wins over ``-p``, same page).
+
+Each command's timeout is the control's own, cut to what is left of the running call's
+:class:`~dra_driver.budget.Budget`; once a daemon has not answered within a budget, later
+commands to it under that budget fail at once (:class:`MpsTimeout`), so one hung daemon costs
+a call one timeout and fails only the claims that need it.
 """
 
 from __future__ import annotations
@@ -13,8 +18,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dra_driver import budget
 from dra_driver.mps.base import MpsError
-from dra_driver.runner import Completed, Runner
+from dra_driver.runner import RC_TIMEOUT, Completed, Runner
 
 CONTROL_BINARY = "nvidia-cuda-mps-control"
 """Default control program (looked up in ``PATH``)."""
@@ -30,6 +36,17 @@ class MpsCommandError(MpsError):
         self.completed = completed
         detail = completed.text() or "no output"
         super().__init__(f"MPS command {' '.join(argv[1:])!r} failed (rc {completed.rc}): {detail}")
+
+
+class MpsTimeout(MpsCommandError):
+    """An MPS control command did not answer in time, or was not run because its daemon did
+    not answer earlier in the same budget: the daemon is hung (not gone), so its sockets and
+    directories must be left alone. The message says which."""
+
+    def __init__(self, argv: Sequence[str], completed: Completed, message: str) -> None:
+        MpsError.__init__(self, message)
+        self.argv = tuple(argv)
+        self.completed = completed
 
 
 @dataclass(frozen=True)
@@ -172,9 +189,42 @@ class MpsControl:
         }
 
     def run(self, *args: str, check: bool = True) -> Completed:
-        """Run ``<binary> <args>``; raise :class:`MpsCommandError` on failure when ``check``."""
+        """Run ``<binary> <args>`` within :attr:`timeout` and the running call's budget.
+
+        Raises:
+            MpsTimeout: no answer in time, or this daemon already did not answer within the
+                running budget (then the command is not run); raised even without ``check``.
+            MpsCommandError: the command failed, when ``check``.
+        """
         argv = (self.binary, *args)
-        done = self.runner.run(argv, env=self.env, timeout=self.timeout)
+        command = " ".join(args)
+        call = budget.current()
+        timeout = self.timeout if call is None else call.limit(self.timeout)
+        if call is not None and str(self.pipe_dir) in call.unresponsive:
+            raise MpsTimeout(
+                argv,
+                Completed(RC_TIMEOUT),
+                f"MPS command {command!r} not run: the MPS control daemon at {self.pipe_dir} "
+                "does not answer (hung: a command to it timed out earlier in this call); claims "
+                "that need it fail until it answers",
+            )
+        if call is not None and timeout <= 0:
+            raise MpsTimeout(
+                argv,
+                Completed(RC_TIMEOUT),
+                f"MPS command {command!r} not run: the {call.text()} budget of this call is spent",
+            )
+        done = self.runner.run(argv, env=self.env, timeout=timeout)
+        if done.rc == RC_TIMEOUT:
+            if call is not None:
+                call.unresponsive.add(str(self.pipe_dir))
+            raise MpsTimeout(
+                argv,
+                done,
+                f"MPS command {command!r} did not finish within {timeout:.3g} s: the MPS "
+                f"control daemon at {self.pipe_dir} does not answer (hung); claims that need it "
+                "fail until it answers",
+            )
         if check and not done.ok:
             raise MpsCommandError(argv, done)
         return done

@@ -25,8 +25,9 @@ from pathlib import Path
 
 import structlog
 
+from dra_driver import budget
 from dra_driver.mps.base import MpsError
-from dra_driver.mps.control import CONTROL_BINARY, MpsCommandError, MpsControl
+from dra_driver.mps.control import CONTROL_BINARY, MpsCommandError, MpsControl, MpsTimeout
 from dra_driver.runner import Runner
 
 log = structlog.get_logger(__name__)
@@ -95,9 +96,23 @@ class MpsDaemon:
         """How many times this object started the daemon (first start plus restarts)."""
 
     def alive(self) -> bool:
-        """Whether the daemon answers ``server list``."""
+        """Whether the daemon answers ``server list`` (False also when it is hung)."""
         try:
             self.control.server_list()
+        except MpsCommandError:
+            return False
+        return True
+
+    def _running(self) -> bool:
+        """Whether the daemon answers ``server list``; False when it is not running.
+
+        Raises:
+            MpsTimeout: it does not answer in time (hung: its sockets must stay).
+        """
+        try:
+            self.control.server_list()
+        except MpsTimeout:
+            raise
         except MpsCommandError:
             return False
         return True
@@ -106,12 +121,13 @@ class MpsDaemon:
         """Start the daemon unless it answers already; return True when it was (re)started.
 
         A stale ``control`` socket left by a crashed daemon is removed first
-        (``docs/enforcement.md``, "Lifecycle").
+        (``docs/enforcement.md``, "Lifecycle"); a hung daemon is left alone.
 
         Raises:
+            MpsTimeout: the daemon runs but does not answer in time.
             MpsError: when the daemon does not start or does not answer afterwards.
         """
-        if self.alive():
+        if self._running():
             return False
         self.pipe_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -120,10 +136,13 @@ class MpsDaemon:
             (self.pipe_dir / stale).unlink(missing_ok=True)
         log.info("starting MPS control daemon", mode=self.mode, pipe_dir=str(self.pipe_dir))
         self.control.start_daemon(self.config_file)
+        call = budget.current()
         for _ in range(max(1, self.start_checks)):
             if self.alive():
                 self.starts += 1
                 return True
+            if call is not None and call.spent():
+                break
             self.sleep(self.check_interval)
         raise MpsError(
             f"MPS control daemon ({self.mode}) did not answer after starting; "
@@ -131,11 +150,23 @@ class MpsDaemon:
         )
 
     def stop(self) -> None:
-        """Quit the daemon (and its servers) and remove its pipe directory; logs are kept."""
-        if self.alive():
+        """Quit the daemon (and its servers) and remove its pipe directory; logs are kept.
+
+        A daemon that does not answer in time is left running with its directory (removing
+        the sockets of a live daemon would orphan it and its clients).
+        """
+        try:
+            running = self._running()
+        except MpsTimeout as exc:
+            log.warning("MPS daemon not answering; not stopped", mode=self.mode, error=str(exc))
+            return
+        if running:
             log.info("stopping MPS control daemon", mode=self.mode)
             try:
                 self.control.quit()
+            except MpsTimeout as exc:
+                log.warning("MPS daemon not answering; not stopped", mode=self.mode, error=str(exc))
+                return
             except MpsCommandError as exc:
                 log.warning("MPS daemon quit failed", mode=self.mode, error=str(exc))
         shutil.rmtree(self.pipe_dir, ignore_errors=True)

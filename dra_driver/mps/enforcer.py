@@ -33,16 +33,17 @@ import contextlib
 import shutil
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
 
+from dra_driver import budget
 from dra_driver.cdi import ContainerEdits
 from dra_driver.gpus import MIB, Gpu
 from dra_driver.mps.base import MpsError
-from dra_driver.mps.control import ClientRow, MpsCommandError, MpsControl, ServerRow
+from dra_driver.mps.control import ClientRow, MpsCommandError, MpsControl, MpsTimeout, ServerRow
 from dra_driver.mps.daemon import MODES, MpsDaemon
 from dra_driver.mps.janitor import SoftLimitJanitor
 from dra_driver.mps.names import (
@@ -168,7 +169,7 @@ class MpsEnforcer:
             MpsError: invalid plan, a mode conflict on a GPU, or an MPS/NVML failure; the
                 claim is then fully rolled back.
         """
-        with self._lock:
+        with self._held():
             ref = plan.claim
             bound = log.bind(claim_uid=ref.uid, namespace=ref.namespace, name=ref.name)
             gone = sorted({d.gpu.uuid for d in plan.devices if d.gpu.uuid not in self.tiers})
@@ -237,7 +238,7 @@ class MpsEnforcer:
             MpsError: when a namespace or the claim's own server cannot be removed; the claim
                 stays recorded so that a retry repeats the release.
         """
-        with self._lock:
+        with self._held():
             ns = namespace_name(claim_uid)
             self._pending.pop(claim_uid, None)
             applied = self._claims.get(claim_uid)
@@ -385,6 +386,26 @@ class MpsEnforcer:
             return out
 
     # internals ------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _held(self) -> Iterator[None]:
+        """The enforcer's lock, waited for at most what is left of the running call's budget.
+
+        Raises:
+            MpsError: not obtained in time (a health check or a scrape held it throughout).
+        """
+        call = budget.current()
+        if call is None:
+            self._lock.acquire()
+        elif not self._lock.acquire(timeout=call.remaining()):
+            raise MpsError(
+                "the MPS enforcer stayed busy (health check or metrics) for the whole "
+                f"{call.text()} budget of this call; the kubelet retries"
+            )
+        try:
+            yield
+        finally:
+            self._lock.release()
+
     def _mode_targets(self, mode: str) -> list[FractionTarget]:
         return [
             t for a in self._claims.values() for t in a.targets if t.uses_mps and t.mode == mode
@@ -543,6 +564,8 @@ class MpsEnforcer:
         ctl = daemon.control
         try:
             servers = ctl.server_list()
+        except MpsTimeout:
+            raise  # hung, not gone: its namespace stays until it answers
         except MpsCommandError:
             servers = []  # daemon gone: its namespaces and clients are gone with it
         if any(r.name == t.server for r in servers):
@@ -557,6 +580,8 @@ class MpsEnforcer:
         ctl = daemon.control
         try:
             present = any(r.name == server for r in ctl.server_list())
+        except MpsTimeout:
+            raise  # hung, not gone: its server stays until it answers
         except MpsCommandError:
             present = False  # daemon gone: the server and its clients are gone with it
         if present:

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from dra_driver import budget
 from dra_driver.accounting import FractionUsage
+from dra_driver.budget import SCRAPE_BUDGET_S, Budget
 from dra_driver.mps.enforcer import MpsEnforcer
 from dra_driver.mps.nvml import NvmlError, NvmlFacade
 from dra_driver.prepare import ClaimPlan
@@ -34,9 +36,11 @@ class MpsUsageSource:
         self.nvml = nvml
 
     def snapshot(self, plans: Sequence[ClaimPlan]) -> Mapping[tuple[str, str], FractionUsage]:
-        """Usage of every applied claim in ``plans``; raises when MPS cannot be asked."""
+        """Usage of every applied claim in ``plans``; raises when MPS cannot be asked within
+        :data:`~dra_driver.budget.SCRAPE_BUDGET_S` (it holds the enforcer meanwhile)."""
         uids = {p.claim.uid for p in plans}
-        clients = self.enforcer.clients()
+        with budget.within(Budget.of(SCRAPE_BUDGET_S)):
+            clients = self.enforcer.clients()
         procs: dict[str, dict[int, int | None]] = {}
         out: dict[tuple[str, str], FractionUsage] = {}
         for t in self.enforcer.targets():

@@ -16,12 +16,16 @@ Failure modes, as ``docs/enforcement.md`` describes them:
   ``--force`` are refused while clients are attached;
 - ``v2_only``: ``-h`` lists no ``server``/``namespace`` modules, ``-p 3`` daemons are refused
   and modules are unknown commands;
-- ``fail(prefix, ...)``: the next matching command fails with the given rc/stderr.
+- ``fail(prefix, ...)``: the next matching command fails with the given rc/stderr;
+- ``hang(prefix, ...)``: matching commands do not answer: each returns only when the timeout the
+  caller gave passes (then rc 124, as :class:`~dra_driver.runner.SubprocessRunner` reports a
+  timeout) or when :meth:`FakeMpsControl.release` is called.
 """
 
 from __future__ import annotations
 
 import re
+import threading
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -130,6 +134,8 @@ class FakeMpsControl:
         self.calls: list[tuple[str, ...]] = []
         self.envs: list[dict[str, str]] = []
         self._failures: list[_Failure] = []
+        self._hangs: list[tuple[tuple[str, ...], str | None]] = []
+        self._released = threading.Event()
         self._next_pid = 40000
 
     # test helpers -----------------------------------------------------------------------
@@ -167,6 +173,23 @@ class FakeMpsControl:
         """Make the next ``times`` commands whose args start with ``prefix`` fail."""
         self._failures.append(_Failure(tuple(prefix), rc, stderr, times))
 
+    def hang(self, *prefix: str, pipe: str | Path | None = None) -> None:
+        """Make commands whose args start with ``prefix`` (all: no prefix) hang, for the daemon
+        at ``pipe`` only when given, until :meth:`release`."""
+        self._released.clear()
+        self._hangs.append((tuple(prefix), None if pipe is None else str(pipe)))
+
+    def release(self) -> None:
+        """End every hang: waiting commands go on as normal, later ones answer at once."""
+        self._hangs.clear()
+        self._released.set()
+
+    def _hangs_on(self, args: Sequence[str], pipe: str) -> bool:
+        return any(
+            tuple(args[: len(prefix)]) == prefix and where in (None, pipe)
+            for prefix, where in self._hangs
+        )
+
     # Runner -----------------------------------------------------------------------------
     def run(
         self,
@@ -182,11 +205,13 @@ class FakeMpsControl:
         if self.missing or not argv or Path(argv[0]).name != BINARY:
             return Completed(127, "", f"{argv[0] if argv else '?'}: not found")
         args = list(argv[1:])
+        pipe = env.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
+        if self._hangs_on(args, pipe) and not self._released.wait(timeout):
+            return Completed(124, "", f"{argv[0]}: timed out after {timeout:g} s")
         for f in self._failures:
             if f.times > 0 and tuple(args[: len(f.prefix)]) == f.prefix:
                 f.times -= 1
                 return Completed(f.rc, "", f.stderr)
-        pipe = env.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
         log = env.get("CUDA_MPS_LOG_DIRECTORY", "/var/log/nvidia-mps")
         protocol = 3 if env.get("CUDA_MPS_PROTOCOL_VERSION") == "3" else 2
         opts: dict[str, str] = {}
