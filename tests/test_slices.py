@@ -563,3 +563,15 @@ def test_any_node_publishes_valid_safe_slices(
                 if device.portion == 1
                 else int(device.portion * device.gpu.memory_bytes) // MIB * MIB
             )
+
+
+def test_pre_volta_gpu_not_offered_and_warned() -> None:
+    """MPS before Volta has no per-client memory limit (dra-driver-nvidia-gpu #974)."""
+    inv = inventory("simulated:P100-16GBx1,L4x1", node="old-node")
+    with capture_logs() as logs:
+        slices = build_slices(inv, NodeConfig(), DRIVER, "old-node")
+    check_all(slices, node="old-node")
+    assert {d["attributes"]["index"]["int"] for d in slice_devices(slices)} == {1}
+    [warning] = [e for e in logs if e["log_level"] == "warning"]
+    assert warning["gpu"] == 0
+    assert "compute capability 6.0 < 7.0" in warning["reason"]

@@ -8,6 +8,26 @@ from typing import Protocol
 MIB = 1024 * 1024
 """Bytes in one MiB."""
 
+MPS_MIN_COMPUTE_CAPABILITY = (7, 0)
+"""Oldest compute capability (Volta) whose MPS clients each own a GPU address space and get
+execution resource provisioning (NVIDIA MPS docs, "Introduction", "Volta MPS"); pre-Volta MPS
+was reported as unsupported to NVIDIA's DRA driver (kubernetes-sigs/dra-driver-nvidia-gpu
+#974)."""
+
+
+def pre_volta_reason(compute_capability: str) -> str | None:
+    """Why a GPU of ``compute_capability`` (``"<major>.<minor>"``) cannot get MPS fractions,
+    or None when it can (or when the value does not parse: nothing is refused on a guess)."""
+    major, _, minor = compute_capability.partition(".")
+    if not (major.isdigit() and minor.isdigit()):
+        return None
+    if (int(major), int(minor)) >= MPS_MIN_COMPUTE_CAPABILITY:
+        return None
+    return (
+        f"compute capability {compute_capability} < 7.0: pre-Volta MPS clients share one GPU "
+        "address space and get no resource provisioning, so fractions cannot be enforced"
+    )
+
 
 @dataclass(frozen=True)
 class Gpu:
