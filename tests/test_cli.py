@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver._proto import dra_v1_pb2
+from dra_driver.gpus import MIB, SimulatedGpuSource
 from dra_driver.kubelet.server import SocketPaths
 from dra_driver.prepare import ClaimRef
 from tests import claimfactory as cf
@@ -161,7 +162,8 @@ def test_metrics_scraped_from_running_plugin() -> None:
     [limit] = families["dra_gpu_fraction_claim_memory_limit_bytes"].samples
     assert limit.labels["claim_uid"] == m["uid"]
     assert limit.labels["compute_mode"] == "time-slicing"
-    assert limit.value == (143771 // 4) * 1024 * 1024
+    [h200] = SimulatedGpuSource("simulated:H200x1", seed="n1").discover().gpus
+    assert limit.value == h200.memory_bytes // 4 // MIB * MIB
 
 
 def test_render_slices_bad_node_name_is_a_clear_error() -> None:

@@ -38,7 +38,9 @@ class Gpu:
         minor: device minor number; the device node is ``/dev/nvidia<minor>``.
         uuid: NVML UUID, e.g. ``GPU-0f5b1c9e-...``.
         name: product name as NVML reports it, e.g. ``NVIDIA H200``.
-        memory_bytes: total device memory in bytes.
+        memory_bytes: device memory processes can allocate, in bytes: the card's total minus
+            what the driver reserves for itself (NVML ``nvmlDeviceGetMemoryInfo`` v2
+            ``total - reserved``; see :func:`dra_driver.gpus.nvml.usable_memory_bytes`).
         sm_count: streaming multiprocessor count.
         compute_capability: ``"<major>.<minor>"``, e.g. ``"9.0"``.
         architecture: lower-case architecture name, e.g. ``hopper``.
@@ -64,7 +66,7 @@ class Gpu:
 
     @property
     def memory_mib(self) -> int:
-        """Total device memory in whole MiB (rounded down)."""
+        """:attr:`memory_bytes` in whole MiB (rounded down)."""
         return self.memory_bytes // MIB
 
     @property

@@ -2,8 +2,9 @@
 
 Spec grammar: ``simulated:<MODEL>x<COUNT>[,<MODEL>x<COUNT>...][@<DRIVER_VERSION>]``, e.g.
 ``simulated:H200x8``, ``simulated:V100-32GBx4``, ``simulated:H200x2,A100-80GBx2``,
-``simulated:L4x1@580.95.05``. Values per model follow what NVML reports on real cards
-(memory in bytes = the MiB that ``nvidia-smi`` shows x 1 MiB).
+``simulated:L4x1@580.95.05``. Values per model follow what NVML reports on real cards; a
+GPU's memory is the card's total (the MiB ``nvidia-smi`` shows) minus the memory the driver
+reserves for itself, as on a real node (see :data:`PROFILES`).
 
 A node runs one driver. Without ``@<DRIVER_VERSION>`` it is :data:`DEFAULT_DRIVER_VERSION`, or
 the last driver branch of the oldest card listed when that is older (a V100 holds its node at
@@ -31,14 +32,22 @@ removed their support from the toolkit and later branches do not drive them."""
 
 @dataclass(frozen=True)
 class GpuProfile:
-    """Per-model constants of a simulated GPU (memory in MiB as nvidia-smi shows it).
+    """Per-model constants of a simulated GPU.
 
-    ``last_driver``: the newest driver version the card runs, when its branch is older than
-    :data:`DEFAULT_DRIVER_VERSION`'s (None: no limit).
+    Attributes:
+        name: product name as NVML reports it.
+        memory_mib: the card's total as ``nvidia-smi`` shows it (NVML v1/v2 ``total``), MiB.
+        reserved_mib: memory the driver reserves for itself (NVML v2 ``reserved``), MiB;
+            the GPU offers ``memory_mib - reserved_mib`` (see
+            :func:`dra_driver.gpus.nvml.usable_memory_bytes`).
+        sm_count, compute_capability, architecture, mig_enabled: as NVML reports them.
+        last_driver: the newest driver version the card runs, when its branch is older than
+            :data:`DEFAULT_DRIVER_VERSION`'s (None: no limit).
     """
 
     name: str
     memory_mib: int
+    reserved_mib: int
     sm_count: int
     compute_capability: str
     architecture: str
@@ -47,20 +56,25 @@ class GpuProfile:
 
 
 PROFILES: dict[str, GpuProfile] = {
-    "H200": GpuProfile("NVIDIA H200", 143771, 132, "9.0", "hopper"),
-    "H100-80GB": GpuProfile("NVIDIA H100 80GB HBM3", 81559, 132, "9.0", "hopper"),
-    "A100-80GB": GpuProfile("NVIDIA A100-SXM4-80GB", 81920, 108, "8.0", "ampere"),
-    "A100-40GB": GpuProfile("NVIDIA A100-SXM4-40GB", 40960, 108, "8.0", "ampere"),
-    "A100-80GB-MIG": GpuProfile("NVIDIA A100-SXM4-80GB", 81920, 108, "8.0", "ampere", True),
-    "L4": GpuProfile("NVIDIA L4", 23034, 58, "8.9", "ada-lovelace"),
+    "H200": GpuProfile("NVIDIA H200", 143771, 640, 132, "9.0", "hopper"),
+    "H100-80GB": GpuProfile("NVIDIA H100 80GB HBM3", 81559, 580, 132, "9.0", "hopper"),
+    "A100-80GB": GpuProfile("NVIDIA A100-SXM4-80GB", 81920, 600, 108, "8.0", "ampere"),
+    "A100-40GB": GpuProfile("NVIDIA A100-SXM4-40GB", 40960, 540, 108, "8.0", "ampere"),
+    "A100-80GB-MIG": GpuProfile("NVIDIA A100-SXM4-80GB", 81920, 600, 108, "8.0", "ampere", True),
+    "L4": GpuProfile("NVIDIA L4", 23034, 450, 58, "8.9", "ada-lovelace"),
     "V100-32GB": GpuProfile(
-        "Tesla V100-SXM2-32GB", 32768, 80, "7.0", "volta", last_driver=LAST_VOLTA_DRIVER
+        "Tesla V100-SXM2-32GB", 32768, 480, 80, "7.0", "volta", last_driver=LAST_VOLTA_DRIVER
     ),
     "P100-16GB": GpuProfile(
-        "Tesla P100-PCIE-16GB", 16384, 56, "6.0", "pascal", last_driver=LAST_VOLTA_DRIVER
+        "Tesla P100-PCIE-16GB", 16384, 450, 56, "6.0", "pascal", last_driver=LAST_VOLTA_DRIVER
     ),
 }
-"""Known simulated models, keyed by the name used in a spec."""
+"""Known simulated models, keyed by the name used in a spec.
+
+``reserved_mib`` values are ESTIMATES, not measurements: a few hundred MiB per card, the order
+reported for a T4 (about 450 MiB, KAI Scheduler issue #2212), somewhat more on the larger
+cards. Replace them with ``nvidia-smi -q`` "FB Memory Usage / Reserved" readings when known.
+"""
 
 _CUDA_FOR_DRIVER = ((615, "13.4"), (580, "13.0"), (570, "12.8"), (550, "12.4"), (535, "12.2"))
 _PART = re.compile(r"^(?P<model>[A-Za-z0-9-]+?)x(?P<count>[0-9]+)$")
@@ -188,7 +202,7 @@ class SimulatedGpuSource:
             minor=index,
             uuid=f"GPU-{uid}",
             name=profile.name,
-            memory_bytes=profile.memory_mib * MIB,
+            memory_bytes=(profile.memory_mib - profile.reserved_mib) * MIB,
             sm_count=profile.sm_count,
             compute_capability=profile.compute_capability,
             architecture=profile.architecture,
