@@ -32,7 +32,7 @@ from pathlib import Path
 from dra_driver.cdi import ContainerEdits, Mount
 from dra_driver.gpus import MIB, Gpu
 from dra_driver.mps.base import MpsError
-from dra_driver.mps.control import CONTROL_BINARY
+from dra_driver.mps.control import CONTROL_BINARY, NamespaceRow
 from dra_driver.mps.daemon import MODES, daemon_pipe_dir
 from dra_driver.mps.hooks import (
     CTK_HOOK_PATH,
@@ -41,7 +41,14 @@ from dra_driver.mps.hooks import (
     memory_limit_hook,
     record_cgroup_hook,
 )
-from dra_driver.mps.names import dedicated_server_name, mib, namespace_name, server_name
+from dra_driver.mps.names import (
+    dedicated_server_name,
+    memory_arg,
+    mib,
+    namespace_name,
+    parse_memory,
+    server_name,
+)
 from dra_driver.prepare import ClaimPlan, ClaimRef
 
 TIERS = ("hard", "cooperative", "none")
@@ -294,6 +301,27 @@ def _join_gpus(who: str, targets: list[FractionTarget]) -> tuple[FractionTarget,
         )
     gpus = tuple(sorted((t.gpu for t in targets), key=lambda g: g.index))
     return tuple(replace(t, claim_gpus=gpus) for t in targets)
+
+
+def namespace_drift(row: NamespaceRow, target: FractionTarget) -> list[str]:
+    """Pure: how the namespace as ``namespace list`` shows it differs from ``target``'s limits
+    (pinned memory limit in whole MiB, active thread percentage); ``[]`` when it matches.
+
+    Each entry reads ``pinned memory limit '7G', expected 2048M``.
+    """
+    out = []
+    want = memory_arg(target.limit_bytes)
+    try:
+        limit = parse_memory(row.pinned_memory_limit)
+    except MpsError:
+        limit = None
+    if limit != mib(target.limit_bytes) * MIB:
+        out.append(f"pinned memory limit {row.pinned_memory_limit!r}, expected {want}")
+    if row.active_thread_percentage.strip() != str(target.threads):
+        out.append(
+            f"active thread percentage {row.active_thread_percentage!r}, expected {target.threads}"
+        )
+    return out
 
 
 def namespace_pipe_dir(target: FractionTarget, options: MpsOptions) -> str:
