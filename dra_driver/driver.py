@@ -20,6 +20,7 @@ import structlog
 from dra_driver import cdi
 from dra_driver.checkpoint import Checkpoint, CheckpointCorrupt
 from dra_driver.claims import ClaimReader
+from dra_driver.devicenodes import check_device_nodes
 from dra_driver.locking import PrepareLock
 from dra_driver.metrics import Metrics
 from dra_driver.mps import FractionEnforcer, MpsError
@@ -102,6 +103,8 @@ class Driver:
         boot_id: the node's boot ID (a different one resets the checkpoint).
         device_root: host directory holding the ``dev/nvidia*`` nodes that CDI specs name
             (``/`` on a real node; a simulated node's simulation root).
+        device_root_view: where the plugin sees ``device_root`` to check that the nodes exist
+            (:mod:`dra_driver.devicenodes`); default ``device_root`` itself.
     """
 
     def __init__(
@@ -118,6 +121,7 @@ class Driver:
         boot_id: str,
         metrics: Metrics | None = None,
         device_root: str | Path = "/",
+        device_root_view: str | Path | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.pool = pool
@@ -126,6 +130,7 @@ class Driver:
         self.enforcer = enforcer
         self.cdi_root = Path(cdi_root)
         self.device_root = Path(device_root)
+        self.device_root_view = Path(device_root_view or device_root)
         self.lock = lock
         self.checkpoint = Checkpoint(state_dir, boot_id, validate=_validate_record)
         self.metrics = metrics or Metrics()
@@ -267,6 +272,7 @@ class Driver:
         problem = overcommit_error(plan, (p for u, p in prepared.items() if u != ref.uid))
         if problem:
             raise PrepareError(f"{problem}; refusing to over-commit the GPU")
+        check_device_nodes(self.device_root_view, plan)
         edits = self.enforcer.apply(plan)
         try:
             devices = self._write_cdi(plan, edits)

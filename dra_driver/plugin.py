@@ -161,11 +161,14 @@ def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
     state.refresh()
     warn_unmatched_selectors(config, state.inventory.gpus, source=opts.node_config)
     device_root = "/"
+    # A privileged container's /dev is a copy made at its start; --host-root shows the host's
+    # live /dev, where the runtime will look for the nodes a CDI spec names.
+    device_root_view = opts.host_root
     if opts.simulated:
         # A real runtime reads our CDI specs: give it device nodes and a hook that exist.
         sim = simnode.install(opts.sim_root, state.inventory.gpus, opts.simulated_cdi_hook or None)
         opts = replace(opts, mps=replace(opts.mps, ctk_hook_path=str(sim.hook_path)))
-        device_root = str(sim.device_root)
+        device_root = device_root_view = str(sim.device_root)
         log.info("simulated node hardware ready", root=str(sim.root), hook=str(sim.hook_path))
     report = detect_enforcement(
         state.inventory,
@@ -192,6 +195,7 @@ def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
         boot_id=read_boot_id(),
         metrics=metrics,
         device_root=device_root,
+        device_root_view=device_root_view,
     )
     driver.start()
     publisher = SlicePublisher(k8s.ResourceV1Api(api), opts.driver_name, opts.node_name)
