@@ -135,4 +135,4 @@ class Checkpoint:
             "checksum": _checksum(self.claims),
             "claims": self.claims,
         }
-        write_atomic(self.path, json.dumps(doc, sort_keys=True).encode(), 0o600)
+        write_atomic(self.path, json.dumps(doc, sort_keys=True).encode(), 0o600, dir_mode=0o700)

@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from dra_driver.atomicfile import ensure_dir
+
 
 class PrepareLock:
     """Exclusive lock over ``path`` (created if missing) for threads and processes."""
@@ -28,7 +30,7 @@ class PrepareLock:
     def held(self) -> Iterator[None]:
         """Block until both the thread lock and the file lock are held."""
         with self._thread_lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            ensure_dir(self.path.parent, 0o700)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)

@@ -17,6 +17,7 @@ from prometheus_client import start_http_server
 from urllib3.exceptions import HTTPError
 
 from dra_driver.accounting import UsageSource, register_accounting
+from dra_driver.atomicfile import ensure_dir
 from dra_driver.checkpoint import read_boot_id
 from dra_driver.claims import ApiClaimReader
 from dra_driver.config import NodeConfig, load_node_config, warn_unmatched_selectors
@@ -54,6 +55,7 @@ class PluginOptions:
     node_config: str | None
     rolling_update_uid: str = ""
     metrics_port: int = 0
+    metrics_bind_address: str = "127.0.0.1"
     publish_interval: float = 30.0
     health_interval: float = 20.0
     mps: MpsOptions = field(default_factory=MpsOptions)
@@ -155,6 +157,7 @@ def make_enforcer(
 def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
     """Run the plugin until SIGTERM/SIGINT (or ``stop``); returns the exit code."""
     stop = stop or threading.Event()
+    ensure_dir(Path(opts.state_dir), 0o700)  # owner-only before anything is put in it
     config = load_node_config(opts.node_config)
     lost_file = opts.sim_root / simnode.LOST_GPUS if opts.simulated else None
     state = NodeState(open_source(opts.gpus, seed=opts.node_name, lost_file=lost_file), config)
@@ -222,7 +225,9 @@ def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
             target=supervise, args=(enforcer, state, stop), name="mps-supervisor", daemon=True
         ).start()
     if opts.metrics_port:
-        start_http_server(opts.metrics_port, registry=metrics.registry)
+        start_http_server(
+            opts.metrics_port, addr=opts.metrics_bind_address, registry=metrics.registry
+        )
     wake = threading.Event()
     publishing = threading.Thread(
         target=publisher.run,

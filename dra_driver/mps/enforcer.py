@@ -30,6 +30,7 @@ Layout on the node (host paths; the plugin sees them at the same paths):
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import threading
 import time
@@ -39,6 +40,7 @@ from pathlib import Path
 
 import structlog
 
+from dra_driver.atomicfile import ensure_dir
 from dra_driver.cdi import ContainerEdits
 from dra_driver.gpus import Gpu
 from dra_driver.mps.base import MpsError
@@ -501,7 +503,7 @@ class MpsEnforcer:
         root = daemon.pipe_dir.resolve()
         if not pipe.resolve().is_relative_to(root):
             raise MpsError(f"MPS namespace {ns} pipe directory {pipe} is outside {root}")
-        pipe.mkdir(parents=True, exist_ok=True)
+        ensure_dir(pipe, 0o755)
         return str(pipe)
 
     def _set_limits(self, ctl: MpsControl, t: FractionTarget) -> NamespaceRow:
@@ -653,8 +655,9 @@ class MpsEnforcer:
 
     def _set_compute_mode(self, gpu: Gpu, mode: str) -> None:
         marker = self._marker(gpu.uuid)
-        marker.parent.mkdir(parents=True, exist_ok=True)
+        ensure_dir(marker.parent, 0o755)
         marker.write_text(mode + "\n")
+        os.chmod(marker, 0o644)
         if self.nvml.compute_mode(gpu.uuid) != mode:
             self.nvml.set_compute_mode(gpu.uuid, mode)
             log.info("GPU compute mode set", gpu=gpu.uuid, gpu_index=gpu.index, compute_mode=mode)

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dra_driver.atomicfile import ensure_dir
 from dra_driver.cdi import ContainerEdits
 from dra_driver.mps.base import MpsError
 from dra_driver.mps.targets import (
@@ -92,7 +93,7 @@ class RecordingEnforcer:
     def _make_pipe_dirs(self, targets: Sequence[FractionTarget]) -> None:
         if self.make_dirs:
             for d in self._pipe_dirs(targets):
-                d.mkdir(mode=0o755, parents=True, exist_ok=True)
+                ensure_dir(d, 0o755)
 
     def _applied_targets(self, uid: str, plan: ClaimPlan) -> tuple[FractionTarget, ...]:
         memo = self._memo.get(uid)
