@@ -10,6 +10,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -318,6 +319,20 @@ def _listening(port: int) -> set[str]:
     return out
 
 
+def _wait_running(proc: subprocess.Popen[str], timeout: float = 60) -> None:
+    """Read the plugin's log until it says it runs (its SIGTERM handler is then installed)."""
+    running = threading.Event()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if "kubelet plugin running" in line:
+                running.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert running.wait(timeout), "the plugin did not start"
+
+
 @pytest.mark.parametrize(("flags", "address"), [((), "127.0.0.1"), (("0.0.0.0",), "0.0.0.0")])
 def test_metrics_bind_address(flags: tuple[str, ...], address: str) -> None:
     port = _free_port()
@@ -325,9 +340,12 @@ def test_metrics_bind_address(flags: tuple[str, ...], address: str) -> None:
     with tempfile.TemporaryDirectory(prefix="drac-") as tmp, ClaimServer() as api:
         proc, _ = _start_plugin(tmp, api, f"--metrics-port={port}", *extra)
         try:
-            deadline = time.monotonic() + 20
-            while not _listening(port) and time.monotonic() < deadline:
-                time.sleep(0.1)
+            _wait_running(proc)
             assert _listening(port) == {address}
         finally:
-            _stop(proc)
+            proc.send_signal(signal.SIGTERM)
+            try:
+                assert proc.wait(timeout=20) == 0
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
