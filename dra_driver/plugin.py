@@ -36,6 +36,7 @@ from dra_driver.mps.usage import MpsUsageSource
 from dra_driver.publisher import SlicePublisher
 from dra_driver.runner import SubprocessRunner
 from dra_driver.slices import FractionDevice, build_slices, plan_devices
+from dra_driver.sockets import check_socket_paths
 
 log = structlog.get_logger(__name__)
 
@@ -162,6 +163,10 @@ def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
     lost_file = opts.sim_root / simnode.LOST_GPUS if opts.simulated else None
     state = NodeState(open_source(opts.gpus, seed=opts.node_name, lost_file=lost_file), config)
     state.refresh()
+    paths = SocketPaths.for_driver(
+        opts.driver_name, opts.plugin_dir, opts.registry_dir, opts.rolling_update_uid
+    )
+    check_socket_paths(paths, opts.mps, (g.index for g in state.inventory.gpus))
     warn_unmatched_selectors(config, state.inventory.gpus, source=opts.node_config)
     device_root = "/"
     # A privileged container's /dev is a copy made at its start; --host-root shows the host's
@@ -183,9 +188,6 @@ def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
     enforcer, usage = make_enforcer(opts, report)
     api = api_client(opts.kubeconfig)
     metrics = Metrics()
-    paths = SocketPaths.for_driver(
-        opts.driver_name, opts.plugin_dir, opts.registry_dir, opts.rolling_update_uid
-    )
     driver = Driver(
         driver_name=opts.driver_name,
         pool=opts.node_name,

@@ -15,7 +15,7 @@ Layout on the node (host paths; the plugin sees them at the same paths):
   100; sm-sharing: the claim's value or ``default_active_thread_percentage``), because named
   namespaces inherit nothing from the server (``docs/enforcement.md``, "Layout and commands");
 - per multi-GPU claim its own server ``m_<uid>`` with ``--allowed-devices=<UUID>,<UUID>...``
-  (all its GPUs, one mode) and one namespace ``c_<uid>`` on it (same limits rule; the limit
+  (all its GPUs, one mode) and one namespace ``claim`` on it (same limits rule; the limit
   applies to each GPU, ``docs/enforcement.md``, "Multi-device claims"); deleted with the
   claim (clients terminated first);
 - the claim's container gets only its namespace's pipe directory, bind-mounted at

@@ -15,7 +15,8 @@ thread percentages summed, capped at 100).
 
 Multi-GPU claims (MPS devices on several GPUs): a client connects to one pipe directory, so the
 claim gets its own server ``m_<uid>`` whose ``--allowed-devices`` are all its GPUs, in the
-daemon of its compute mode, with one namespace ``c_<uid>``. A namespace has one pinned memory
+daemon of its compute mode, with one namespace ``claim`` (short, so that its socket path fits
+the kernel's limit, :mod:`dra_driver.sockets`). A namespace has one pinned memory
 limit, applied to each GPU, and one thread percentage, and the hook's
 ``NVIDIA_GPU_MEMORY_REQUEST``/``_LIMIT`` env is container-wide (``docs/enforcement.md``,
 "Multi-device claims", with sources); so every GPU of the
@@ -42,6 +43,7 @@ from dra_driver.mps.hooks import (
     record_cgroup_hook,
 )
 from dra_driver.mps.names import (
+    DEDICATED_NAMESPACE,
     dedicated_server_name,
     memory_arg,
     mib,
@@ -162,8 +164,8 @@ class FractionTarget:
 
     @property
     def namespace(self) -> str:
-        """The claim's MPS namespace name."""
-        return namespace_name(self.claim.uid)
+        """The claim's MPS namespace: ``c_<uid>`` on a shared server, ``claim`` on its own."""
+        return DEDICATED_NAMESPACE if self.dedicated else namespace_name(self.claim.uid)
 
     @property
     def uses_mps(self) -> bool:
