@@ -24,6 +24,7 @@ from dra_driver.devicenodes import check_device_nodes
 from dra_driver.locking import PrepareLock
 from dra_driver.metrics import Metrics
 from dra_driver.mps import FractionEnforcer, MpsError
+from dra_driver.podclaims import PodClaims
 from dra_driver.prepare import (
     ClaimPlan,
     ClaimRef,
@@ -136,6 +137,7 @@ class Driver:
         self.metrics = metrics or Metrics()
         self._seen_stat: tuple[int, int, int] | None = None
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="claim-read")
+        self._pod_claims = PodClaims()
 
     def start(self) -> None:
         """Load the checkpoint, re-apply prepared claims, and sweep orphaned CDI specs.
@@ -298,6 +300,7 @@ class Driver:
             "plan": plan_to_json(plan),
         }
         prepared[ref.uid] = plan
+        self._pod_claims.add(claim, plan)
         return PrepareOutcome(devices=devices)
 
     def _write_cdi(
@@ -330,6 +333,7 @@ class Driver:
 
     def _undo(self, uid: str) -> None:
         self.checkpoint.claims.pop(uid, None)
+        self._pod_claims.forget(uid)
         cdi.remove_spec(self.cdi_root, self.driver_name, uid)
         self.enforcer.release(uid)
 
@@ -352,6 +356,7 @@ class Driver:
                     self.enforcer.release(ref.uid)
                     cdi.remove_spec(self.cdi_root, self.driver_name, ref.uid)
                     record = self.checkpoint.claims.pop(ref.uid, None)
+                    self._pod_claims.forget(ref.uid)
                     if record is not None:
                         removed[ref.uid] = record
                     errors[ref.uid] = ""
