@@ -66,6 +66,7 @@ def main() -> int:
         inventory = SimulatedGpuSource("simulated:H200x8", seed=NODE).discover()
         devices = {d.name: d for d in plan_devices(inventory, load_node_config(None))}
         node = Node(root, devices, claims, RecordingEnforcer())
+        node.make_device_nodes()
         paths = SocketPaths.for_driver(
             DEFAULT_DRIVER_NAME, str(node.plugin_dir), str(node.registry_dir)
         )

@@ -1,4 +1,5 @@
-"""Crash-safe file replacement: write a temp file, optionally fsync it, rename over the target."""
+"""Crash-safe file replacement (write a temp file, optionally fsync it, rename over the target)
+and directory creation with modes that do not depend on the process umask."""
 
 from __future__ import annotations
 
@@ -6,24 +7,55 @@ import os
 from pathlib import Path
 
 
-def write_atomic(path: str | Path, data: bytes, mode: int = 0o644, durable: bool = True) -> None:
+def ensure_dir(path: str | Path, mode: int) -> Path:
+    """Create ``path`` and its missing parents with exactly ``mode`` (e.g. ``0o700``),
+    whatever the umask; existing directories keep their mode (they may be shared, e.g. the
+    kubelet's). Returns ``path``.
+
+    Raises:
+        OSError: when a directory cannot be created (e.g. a file is in the way).
+    """
+    target = Path(path)
+    missing = []
+    for p in (target, *target.parents):
+        if p.is_dir():
+            break
+        missing.append(p)
+    for p in reversed(missing):
+        try:
+            os.mkdir(p, mode)
+        except FileExistsError:
+            continue  # made meanwhile by another process: its mode is its maker's choice
+        os.chmod(p, mode)  # mkdir's mode is masked by the umask
+    return target
+
+
+def write_atomic(
+    path: str | Path,
+    data: bytes,
+    mode: int = 0o644,
+    durable: bool = True,
+    dir_mode: int = 0o755,
+) -> None:
     """Replace ``path`` with ``data`` so that readers see the old or the new file, never half.
 
     The temp file lives beside the target (same filesystem, hidden name ending ``.tmp``);
     ``rename`` makes the switch atomic for every other process, even if this one is killed.
     With ``durable`` the data is fsynced before the rename, so a power loss cannot leave an
     empty file under the target name. Files that do not outlive a reboot anyway (CDI specs
-    on the ``/var/run`` tmpfs) skip it.
+    on the ``/var/run`` tmpfs) skip it. The file gets exactly ``mode`` and a missing directory
+    exactly ``dir_mode`` (:func:`ensure_dir`), whatever the umask.
 
     Raises:
         OSError: when the directory is not writable or the disk is full (the target is
             left untouched and the temp file removed).
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    ensure_dir(target.parent, dir_mode)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "wb") as f:
+            os.fchmod(f.fileno(), mode)
             f.write(data)
             if durable:
                 f.flush()

@@ -338,4 +338,4 @@ class Checkpoint:
             "checksum": _checksum(claims),
             "claims": claims,
         }
-        write_atomic(self.path, json.dumps(doc, sort_keys=True).encode(), 0o600)
+        write_atomic(self.path, json.dumps(doc, sort_keys=True).encode(), 0o600, dir_mode=0o700)

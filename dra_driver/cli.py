@@ -15,6 +15,8 @@ from dra_driver.kubelet.server import DEFAULT_PLUGIN_DIR, DEFAULT_REGISTRY_DIR
 
 DEFAULT_CDI_ROOT = "/var/run/cdi"
 DEFAULT_STATE_DIR = "/var/lib/gpu-fraction-dra"
+DEFAULT_METRICS_BIND_ADDRESS = "127.0.0.1"
+"""Loopback only unless told otherwise: the metrics name claims and namespaces."""
 
 
 def _percentage(text: str) -> int:
@@ -86,6 +88,12 @@ def _parser() -> argparse.ArgumentParser:
         help="pod UID for rolling-update socket names (env POD_UID); empty: classic names",
     )
     p.add_argument("--metrics-port", type=int, default=0, help="serve /metrics here (0: off)")
+    p.add_argument(
+        "--metrics-bind-address",
+        default=DEFAULT_METRICS_BIND_ADDRESS,
+        help="address /metrics listens on (default 127.0.0.1: this host only; the Helm chart "
+        "passes 0.0.0.0 so that probes and Prometheus reach the pod IP)",
+    )
     p.add_argument("--mps-root", default="/run/gpu-fraction", help="MPS pipe/log/state root")
     p.add_argument("--mps-control", default="nvidia-cuda-mps-control", help="MPS control binary")
     p.add_argument(
@@ -203,6 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         node_config=args.node_config,
         rolling_update_uid=args.rolling_update_uid,
         metrics_port=args.metrics_port,
+        metrics_bind_address=args.metrics_bind_address,
         publish_interval=args.publish_interval,
         call_budget=args.call_budget,
         host_root=args.host_root,

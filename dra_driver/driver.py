@@ -39,10 +39,12 @@ from dra_driver import budget, cdi
 from dra_driver.budget import DEFAULT_CALL_BUDGET_S, STARTUP_BUDGET_S, Budget
 from dra_driver.checkpoint import Checkpoint, CheckpointCorrupt, ClaimRecord, PreparedDevice
 from dra_driver.claims import ClaimReader, ClaimReadTimeout
+from dra_driver.devicenodes import check_device_nodes
 from dra_driver.ids import validate_claim_name
 from dra_driver.locking import LockTimeout, PrepareLock
 from dra_driver.metrics import Metrics
 from dra_driver.mps import FractionEnforcer, MpsError
+from dra_driver.podclaims import PodClaims
 from dra_driver.prepare import (
     ClaimPlan,
     ClaimRef,
@@ -101,6 +103,8 @@ class Driver:
             (below the kubelet's 45 s; ``--call-budget``).
         startup_budget: seconds :meth:`start` may spend re-applying enforcement; claims not
             restored by then stay pending and the enforcer's health checks retry them.
+        device_root_view: where the plugin sees ``device_root`` to check that the nodes exist
+            (:mod:`dra_driver.devicenodes`); default ``device_root`` itself.
     """
 
     def __init__(
@@ -119,6 +123,7 @@ class Driver:
         device_root: str | Path = "/",
         call_budget: float = DEFAULT_CALL_BUDGET_S,
         startup_budget: float = STARTUP_BUDGET_S,
+        device_root_view: str | Path | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.pool = pool
@@ -127,6 +132,7 @@ class Driver:
         self.enforcer = enforcer
         self.cdi_root = Path(cdi_root)
         self.device_root = Path(device_root)
+        self.device_root_view = Path(device_root_view or device_root)
         self.lock = lock
         self.checkpoint = Checkpoint(state_dir, boot_id)
         self.metrics = metrics or Metrics()
@@ -134,6 +140,7 @@ class Driver:
         self.call_budget = call_budget
         self.startup_budget = startup_budget
         self._pool = ThreadPoolExecutor(max_workers=CLAIM_READERS, thread_name_prefix="claim-read")
+        self._pod_claims = PodClaims()
 
     def start(self) -> None:
         """Load the checkpoint and reconcile records, enforcement and CDI specs both ways:
@@ -373,6 +380,7 @@ class Driver:
         problem = overcommit_error(plan, (p for u, p in prepared.items() if u != ref.uid))
         if problem:
             raise PrepareError(f"{problem}; refusing to over-commit the GPU")
+        check_device_nodes(self.device_root_view, plan)
         edits = self.enforcer.apply(plan)
         try:
             devices = self._write_cdi(plan, edits)
@@ -384,6 +392,7 @@ class Driver:
             raise
         self.checkpoint.claims[ref.uid] = ClaimRecord(ref.namespace, ref.name, devices, plan)
         prepared[ref.uid] = plan
+        self._pod_claims.add(claim, plan)
         return PrepareOutcome(devices=devices)
 
     def _write_cdi(
@@ -416,6 +425,7 @@ class Driver:
 
     def _undo(self, uid: str) -> None:
         self.checkpoint.claims.pop(uid, None)
+        self._pod_claims.forget(uid)
         cdi.remove_spec(self.cdi_root, self.driver_name, uid)
         self.enforcer.release(uid)
 
@@ -475,6 +485,7 @@ class Driver:
         """Release the claim's enforcement and remove its CDI spec; "" or the error text."""
         try:
             _check_budget(call, "unpreparing", ref)
+            self._pod_claims.forget(ref.uid)
             self.enforcer.release(ref.uid)
             cdi.remove_spec(self.cdi_root, self.driver_name, ref.uid)
         except Exception as exc:  # a bug must fail this claim only, not the batch

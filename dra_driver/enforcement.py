@@ -12,14 +12,17 @@ Tiers (``docs/enforcement.md``, "Tiers"; sources listed there):
   which the MPS client runtime enforces and which a tenant can defeat (a bad
   ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` entry drops it; ``docs/enforcement.md``).
 - ``none``: no usable MPS: the program is missing, only protocol v2 exists (this driver
-  enforces through v3 namespaces; a v2 path would need one daemon per claim), or MIG is on.
+  enforces through v3 namespaces; a v2 path would need one daemon per claim), MIG is on, or
+  the GPU is older than Volta (compute capability < 7.0: pre-Volta MPS has no per-client
+  memory limits; such GPUs are not offered at all, see :func:`dra_driver.slices.plan`).
   Memory is not capped; never present it as capped.
 
 :func:`decide_tier` is pure; :func:`gather_node_facts` reads the node through an injectable
 filesystem root and :class:`~dra_driver.runner.Runner`; :func:`detect_enforcement` ties them
 together. Simulated inventories get :func:`simulated_node_facts`: cgroup v2, the hook and MPS
 v3 are assumed present, so the tier follows the simulated driver version (``@580.95.05`` ->
-``cooperative``, the default 615 -> ``hard``, a MIG profile -> ``none``).
+``cooperative``, the default 615 -> ``hard``, a MIG profile -> ``none``; a V100 runs R580, its
+last branch, so it is ``cooperative``).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from pathlib import Path
 
 import structlog
 
-from dra_driver.gpus import Gpu, Inventory
+from dra_driver.gpus import Gpu, Inventory, pre_volta_reason
 from dra_driver.mps.control import CONTROL_BINARY
 from dra_driver.mps.hooks import CTK_HOOK_PATH
 from dra_driver.runner import RC_NOT_EXECUTABLE, RC_NOT_FOUND, Runner, SubprocessRunner
@@ -77,6 +80,7 @@ class GpuFacts:
         cgroup_v2: see :class:`NodeFacts`.
         mig_enabled: MIG mode on.
         mps: ``v3`` | ``v2`` | ``absent``.
+        compute_capability: ``"<major>.<minor>"``, e.g. ``"9.0"``.
         memory_limit_hook: see :class:`NodeFacts`.
     """
 
@@ -86,6 +90,7 @@ class GpuFacts:
     cgroup_v2: bool
     mig_enabled: bool
     mps: str
+    compute_capability: str
     memory_limit_hook: bool = True
 
 
@@ -111,6 +116,9 @@ def decide_tier(facts: GpuFacts) -> TierDecision:
         return TierDecision(
             "none", ("MIG is enabled (MPS fractions and memory limits need MIG off)",)
         )
+    too_old = pre_volta_reason(facts.compute_capability)
+    if too_old:
+        return TierDecision("none", (too_old,))
     if facts.mps == "absent":
         return TierDecision("none", ("nvidia-cuda-mps-control not found",))
     if facts.mps == "v2":
@@ -193,6 +201,7 @@ def gpu_facts(gpu: Gpu, node: NodeFacts) -> GpuFacts:
         cgroup_v2=node.cgroup_v2,
         mig_enabled=gpu.mig_enabled,
         mps=node.mps,
+        compute_capability=gpu.compute_capability,
         memory_limit_hook=node.memory_limit_hook,
     )
 

@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from dra_driver.atomicfile import ensure_dir
+
 POLL_INTERVAL_S = 0.01
 """Seconds between two tries of the file lock while waiting with a timeout."""
 
@@ -48,7 +50,7 @@ class PrepareLock:
         if not self._thread_lock.acquire(timeout=-1 if ends is None else _left(ends)):
             raise LockTimeout(f"prepare lock {self.path} not obtained within {timeout:.3g} s")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            ensure_dir(self.path.parent, 0o700)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
             try:
                 _flock(fd, ends, self.path, timeout)

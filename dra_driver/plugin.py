@@ -18,6 +18,7 @@ from urllib3.exceptions import HTTPError
 
 from dra_driver import budget
 from dra_driver.accounting import UsageSource, register_accounting
+from dra_driver.atomicfile import ensure_dir
 from dra_driver.budget import DEFAULT_CALL_BUDGET_S, HEALTH_CHECK_BUDGET_S, Budget
 from dra_driver.checkpoint import read_boot_id
 from dra_driver.claims import ApiClaimReader
@@ -37,6 +38,7 @@ from dra_driver.mps.usage import MpsUsageSource
 from dra_driver.publisher import SlicePublisher
 from dra_driver.runner import SubprocessRunner
 from dra_driver.slices import FractionDevice, build_slices, plan_devices
+from dra_driver.sockets import check_socket_paths
 
 log = structlog.get_logger(__name__)
 
@@ -56,6 +58,7 @@ class PluginOptions:
     node_config: str | None
     rolling_update_uid: str = ""
     metrics_port: int = 0
+    metrics_bind_address: str = "127.0.0.1"
     publish_interval: float = 30.0
     health_interval: float = 20.0
     call_budget: float = DEFAULT_CALL_BUDGET_S
@@ -178,17 +181,25 @@ def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+    ensure_dir(Path(opts.state_dir), 0o700)  # owner-only before anything is put in it
     config = load_node_config(opts.node_config)
     lost_file = opts.sim_root / simnode.LOST_GPUS if opts.simulated else None
     state = NodeState(open_source(opts.gpus, seed=opts.node_name, lost_file=lost_file), config)
     state.refresh()
+    paths = SocketPaths.for_driver(
+        opts.driver_name, opts.plugin_dir, opts.registry_dir, opts.rolling_update_uid
+    )
+    check_socket_paths(paths, opts.mps, (g.index for g in state.inventory.gpus))
     warn_unmatched_selectors(config, state.inventory.gpus, source=opts.node_config)
     device_root = "/"
+    # A privileged container's /dev is a copy made at its start; --host-root shows the host's
+    # live /dev, where the runtime will look for the nodes a CDI spec names.
+    device_root_view = opts.host_root
     if opts.simulated:
         # A real runtime reads our CDI specs: give it device nodes and a hook that exist.
         sim = simnode.install(opts.sim_root, state.inventory.gpus, opts.simulated_cdi_hook or None)
         opts = replace(opts, mps=replace(opts.mps, ctk_hook_path=str(sim.hook_path)))
-        device_root = str(sim.device_root)
+        device_root = device_root_view = str(sim.device_root)
         log.info("simulated node hardware ready", root=str(sim.root), hook=str(sim.hook_path))
     report = detect_enforcement(
         state.inventory,
@@ -200,9 +211,6 @@ def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
     enforcer, usage = make_enforcer(opts, report)
     api = api_client(opts.kubeconfig)
     metrics = Metrics()
-    paths = SocketPaths.for_driver(
-        opts.driver_name, opts.plugin_dir, opts.registry_dir, opts.rolling_update_uid
-    )
     driver = Driver(
         driver_name=opts.driver_name,
         pool=opts.node_name,
@@ -216,6 +224,7 @@ def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
         metrics=metrics,
         device_root=device_root,
         call_budget=opts.call_budget,
+        device_root_view=device_root_view,
     )
     driver.start()
     publisher = SlicePublisher(k8s.ResourceV1Api(api), opts.driver_name, opts.node_name)
@@ -242,7 +251,9 @@ def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
             target=supervise, args=(enforcer, state, stop), name="mps-supervisor", daemon=True
         ).start()
     if opts.metrics_port:
-        start_http_server(opts.metrics_port, registry=metrics.registry)
+        start_http_server(
+            opts.metrics_port, addr=opts.metrics_bind_address, registry=metrics.registry
+        )
     wake = threading.Event()
     publishing = threading.Thread(
         target=publisher.run,

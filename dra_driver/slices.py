@@ -51,7 +51,7 @@ from dra_driver.config import (
     load_node_config,
     slots_for,
 )
-from dra_driver.gpus.model import MIB, Gpu, Inventory
+from dra_driver.gpus.model import MIB, Gpu, Inventory, pre_volta_reason
 
 log = structlog.get_logger(__name__)
 
@@ -209,7 +209,8 @@ def capacity_request_policy(memory_bytes: int, policy: CapacityPolicy) -> dict[s
 def plan(inventory: Inventory, config: NodeConfig) -> Plan:
     """Decide which GPUs are offered and their devices. Pure; never raises for a GPU.
 
-    Excluded (not offered): MIG-enabled GPUs (MPS fractions need MIG off), GPUs disabled by the
+    Excluded (not offered): MIG-enabled GPUs (MPS fractions need MIG off), GPUs older than Volta
+    (compute capability < 7.0, :func:`~dra_driver.gpus.pre_volta_reason`), GPUs disabled by the
     configuration (``enabled: false``), capacity-model GPUs smaller than ``minimum + step``.
     Product devices whose rounded memory would be 0 bytes are left out.
     """
@@ -219,6 +220,10 @@ def plan(inventory: Inventory, config: NodeConfig) -> Plan:
         cfg = config.for_gpu(gpu)
         if gpu.mig_enabled:
             excluded.append(ExcludedGpu(gpu.index, gpu.uuid, "MIG mode is enabled"))
+            continue
+        too_old = pre_volta_reason(gpu.compute_capability)
+        if too_old:
+            excluded.append(ExcludedGpu(gpu.index, gpu.uuid, too_old))
             continue
         if not cfg.enabled:
             excluded.append(ExcludedGpu(gpu.index, gpu.uuid, "disabled by node configuration"))

@@ -42,18 +42,29 @@ def opaque(
     return cfg
 
 
+def pod(name: str, uid: str | None = None) -> dict[str, Any]:
+    """A ``status.reservedFor`` entry naming a pod (as the scheduler writes it)."""
+    return {"resource": "pods", "name": name, "uid": uid or str(uuid.uuid4())}
+
+
 def claim(
     results: list[dict[str, Any]],
     configs: list[dict[str, Any]] | None = None,
     namespace: str = "default",
     name: str | None = None,
     uid: str | None = None,
+    reserved_for: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     uid = uid or str(uuid.uuid4())
+    status: dict[str, Any] = {
+        "allocation": {"devices": {"results": results, "config": configs or []}}
+    }
+    if reserved_for is not None:
+        status["reservedFor"] = reserved_for
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"namespace": namespace, "name": name or f"claim-{uid[:8]}", "uid": uid},
         "spec": {"devices": {"requests": []}},
-        "status": {"allocation": {"devices": {"results": results, "config": configs or []}}},
+        "status": status,
     }

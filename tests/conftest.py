@@ -22,7 +22,7 @@ from dra_driver.claims import ApiClaimReader
 from dra_driver.config import NodeConfig, load_node_config, parse_node_config
 from dra_driver.devicehealth import device_health
 from dra_driver.driver import Driver
-from dra_driver.gpus import SimulatedGpuSource
+from dra_driver.gpus import SimulatedGpuSource, simnode
 from dra_driver.kubelet.health import DeviceStatus
 from dra_driver.kubelet.server import PluginServer, SocketPaths
 from dra_driver.locking import PrepareLock
@@ -47,6 +47,19 @@ class Node(NodeDirs):
     def __post_init__(self) -> None:
         self.seen = dict(self.devices)
 
+    @property
+    def device_root(self) -> Path:
+        """Stands for the host's ``/``: the GPUs' and control device nodes (plain files) are
+        under ``<device_root>/dev``, as the Driver checks them before writing a spec."""
+        return self.root / "devroot"
+
+    def make_device_nodes(self) -> None:
+        gpus = {d.gpu.uuid: d.gpu for d in self.devices.values()}.values()
+        for path in simnode.device_numbers(gpus):
+            host = self.device_root / path.lstrip("/")
+            host.parent.mkdir(parents=True, exist_ok=True)
+            host.touch()
+
     def health(self) -> dict[str, DeviceStatus]:
         """What the plugin reports: devices that vanished from ``devices`` are unhealthy."""
         return device_health(self.devices, self.seen, self.unhealthy_gpus)
@@ -62,6 +75,7 @@ class Node(NodeDirs):
             state_dir=self.state_dir,
             lock=PrepareLock(self.plugin_dir / DEFAULT_DRIVER_NAME / "prepare.lock"),
             boot_id=boot_id,
+            device_root=self.device_root,
         )
         d.start()
         return d
@@ -86,7 +100,9 @@ def _node(config: NodeConfig) -> Iterator[Node]:
     with tempfile.TemporaryDirectory(prefix="dra-") as tmp, ClaimServer() as claims:
         inventory = SimulatedGpuSource("simulated:H200x2", seed=NODE).discover()
         devices = {d.name: d for d in plan_devices(inventory, config)}
-        yield Node(Path(tmp), devices, claims, RecordingEnforcer())
+        node = Node(Path(tmp), devices, claims, RecordingEnforcer())
+        node.make_device_nodes()
+        yield node
 
 
 @pytest.fixture

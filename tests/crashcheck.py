@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.mps.names import dedicated_server_name, namespace_name
+from dra_driver.mps.names import DEDICATED_NAMESPACE, dedicated_server_name, namespace_name
 from dra_driver.mps.targets import CONTAINER_PIPE_DIR
 
 PREPARED = "prepared"
@@ -43,7 +43,9 @@ def spec_device_ids(cdi_root: Path, uid: str) -> set[str]:
 
 def pipe_dirs(mps_root: Path, uid: str) -> set[Path]:
     """The claim's namespace pipe directories that exist under ``mps_root``."""
-    return set((mps_root / "mps").glob(f"*/pipe/*/{namespace_name(uid)}"))
+    shared = (mps_root / "mps").glob(f"*/pipe/*/{namespace_name(uid)}")
+    own = (mps_root / "mps").glob(f"*/pipe/{dedicated_server_name(uid)}/{DEDICATED_NAMESPACE}")
+    return {*shared, *own}
 
 
 def server_dirs(mps_root: Path, uid: str) -> set[Path]:

@@ -197,6 +197,7 @@ class MpsNode:
             lock=PrepareLock(node.plugin_dir / DEFAULT_DRIVER_NAME / "prepare.lock"),
             boot_id="boot-1",
             startup_budget=startup_budget,
+            device_root=node.device_root,
         )
         driver.start()
         return driver

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -17,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver._proto import dra_v1_pb2
+from dra_driver.gpus import MIB, SimulatedGpuSource
 from dra_driver.kubelet.server import SocketPaths
 from dra_driver.prepare import ClaimRef
 from tests import claimfactory as cf
@@ -161,7 +165,8 @@ def test_metrics_scraped_from_running_plugin() -> None:
     [limit] = families["dra_gpu_fraction_claim_memory_limit_bytes"].samples
     assert limit.labels["claim_uid"] == m["uid"]
     assert limit.labels["compute_mode"] == "time-slicing"
-    assert limit.value == (143771 // 4) * 1024 * 1024
+    [h200] = SimulatedGpuSource("simulated:H200x1", seed="n1").discover().gpus
+    assert limit.value == h200.memory_bytes // 4 // MIB * MIB
 
 
 def test_render_slices_bad_node_name_is_a_clear_error() -> None:
@@ -239,3 +244,110 @@ def test_plugin_start_errors_are_clear(tmp_path: Path, args: list[str], message:
     assert out.returncode == 2
     assert message in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.lstat().st_mode)
+
+
+def test_plugin_modes_do_not_depend_on_the_umask() -> None:
+    """Started under umask 000, nothing the plugin creates is open to other local users:
+    sockets and state owner-only, CDI specs readable by the runtime (issue 10, item 11)."""
+    with tempfile.TemporaryDirectory(prefix="drac-") as tmp, ClaimServer() as api:
+        root = Path(tmp)
+        claim = cf.claim([cf.result("gpu-0-quarter-1", "n1")])
+        api.add(claim)
+        m = claim["metadata"]
+        old = os.umask(0)
+        try:
+            proc, paths = _start_plugin(tmp, api)
+        finally:
+            os.umask(old)
+        try:
+            kubelet = kubelet_connect(paths)
+            reply = kubelet.v1.NodePrepareResources(
+                dra_v1_pb2.NodePrepareResourcesRequest(
+                    claims=[
+                        dra_v1_pb2.Claim(namespace=m["namespace"], name=m["name"], uid=m["uid"])
+                    ]
+                ),
+                timeout=45,
+            )
+            assert reply.claims[m["uid"]].error == ""
+            kubelet.channel.close()
+            sockets = {p: _mode(p) for p in (paths.dra, paths.registration)}
+        finally:
+            _stop(proc)
+        assert sockets == {paths.dra: 0o600, paths.registration: 0o600}
+        spec = root / "cdi" / f"{DEFAULT_DRIVER_NAME}-claim_{m['uid']}.json"
+        assert {
+            "plugin dir": _mode(paths.dra.parent),
+            "registry dir": _mode(paths.registration.parent),
+            "state dir": _mode(root / "s"),
+            "checkpoint": _mode(root / "s" / "checkpoint.json"),
+            "prepare lock": _mode(paths.dra.parent / "prepare.lock"),
+            "CDI dir": _mode(root / "cdi"),
+            "CDI spec": _mode(spec),
+        } == {
+            "plugin dir": 0o700,
+            "registry dir": 0o700,
+            "state dir": 0o700,
+            "checkpoint": 0o600,
+            "prepare lock": 0o600,
+            "CDI dir": 0o755,
+            "CDI spec": 0o644,
+        }
+        sim = root / "s" / "simulated"
+        assert _mode(sim / "dev" / "nvidia0") == 0o666  # the simulated node's own modes
+        assert _mode(sim / "bin" / "nvidia-cdi-hook") == 0o755
+        writable = [
+            str(p)
+            for p in root.rglob("*")
+            if _mode(p) & 0o002
+            and not stat.S_ISCHR(p.lstat().st_mode)
+            and p.name != "kubeconfig"  # the test's own file, written under umask 000 too
+        ]
+        assert writable == []
+
+
+def _listening(port: int) -> set[str]:
+    """IPv4 addresses with a TCP socket listening on ``port`` (from /proc/net/tcp)."""
+    out = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, _, hex_port = local.partition(":")
+        if state == "0A" and int(hex_port, 16) == port:
+            out.add(socket.inet_ntoa(bytes.fromhex(address)[::-1]))
+    return out
+
+
+def _wait_running(proc: subprocess.Popen[str], timeout: float = 60) -> None:
+    """Read the plugin's log until it says it runs (its SIGTERM handler is then installed)."""
+    running = threading.Event()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if "kubelet plugin running" in line:
+                running.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert running.wait(timeout), "the plugin did not start"
+
+
+@pytest.mark.parametrize(("flags", "address"), [((), "127.0.0.1"), (("0.0.0.0",), "0.0.0.0")])
+def test_metrics_bind_address(flags: tuple[str, ...], address: str) -> None:
+    port = _free_port()
+    extra = [f"--metrics-bind-address={a}" for a in flags]
+    with tempfile.TemporaryDirectory(prefix="drac-") as tmp, ClaimServer() as api:
+        proc, _ = _start_plugin(tmp, api, f"--metrics-port={port}", *extra)
+        try:
+            _wait_running(proc)
+            assert _listening(port) == {address}
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                assert proc.wait(timeout=20) == 0
+            finally:
+                if proc.poll() is None:
+                    proc.kill()

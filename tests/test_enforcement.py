@@ -16,7 +16,7 @@ from dra_driver.enforcement import (
     gather_node_facts,
     probe_mps,
 )
-from dra_driver.gpus import SimulatedGpuSource
+from dra_driver.gpus import Inventory, SimulatedGpuSource, SimulatedSpecError
 from dra_driver.runner import Completed
 from tests.fakes.mps_control import FakeMpsControl
 
@@ -27,6 +27,7 @@ HARD = GpuFacts(
     cgroup_v2=True,
     mig_enabled=False,
     mps="v3",
+    compute_capability="9.0",
     memory_limit_hook=True,
 )
 
@@ -138,3 +139,28 @@ def test_simulated_inventory_tiers(spec: str, tier: str) -> None:
     assert {e["gpu"] for e in logs if e["event"] == "memory enforcement tier"} == {
         g.uuid for g in inventory.gpus
     }
+
+
+def test_simulated_v100_runs_its_last_driver_branch() -> None:
+    """CUDA 13.x after 13.0 and driver r615 do not exist for Volta: R580 is its last branch."""
+    [v100] = SimulatedGpuSource("simulated:V100-32GBx1").discover().gpus
+    assert v100.driver_version.split(".")[0] == "580"
+    assert v100.cuda_driver_version == "13.0"
+    assert set(detect_enforcement(Inventory((v100,)), simulated=True).tiers.values()) == {
+        "cooperative"
+    }
+    # A node runs one driver: a V100 beside an H200 holds the whole node at R580.
+    mixed = SimulatedGpuSource("simulated:H200x1,V100-32GBx1").discover().gpus
+    assert {g.driver_version.split(".")[0] for g in mixed} == {"580"}
+
+
+def test_simulated_v100_with_r615_is_refused() -> None:
+    with pytest.raises(SimulatedSpecError, match=r"V100-32GB.*R580.*615\.71\.09"):
+        SimulatedGpuSource("simulated:V100-32GBx1@615.71.09")
+
+
+def test_pre_volta_gpu_gets_tier_none() -> None:
+    decision = decide_tier(replace(HARD, compute_capability="6.0"))
+    assert decision.tier == "none"
+    assert any("compute capability 6.0 < 7.0" in r for r in decision.reasons)
+    assert decide_tier(replace(HARD, compute_capability="7.0")).tier == "hard"

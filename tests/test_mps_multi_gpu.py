@@ -1,5 +1,5 @@
 """Multi-GPU claims on MPS nodes: one server per claim (``m_<uid>``) with all its GPUs as
-allowed devices, one namespace in it; against the fake control program and fake NVML."""
+allowed devices, one namespace (``claim``) in it; against the fake control program and fake NVML."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ UID_C = "0c000000-0000-4000-8000-00000000000c"
 CSV = "--format=csv,noheader"
 SRV_A = "m_" + UID_A.replace("-", "_")
 NS_A = "c_" + UID_A.replace("-", "_")
+CLAIM_NS = "claim"
+"""The namespace on a claim's own server (short: its socket path must fit 107 bytes)."""
 HALF = H200_MIB // 2 * 1024 * 1024
 
 
@@ -68,15 +70,15 @@ def test_four_gpu_sm_sharing_claim_gets_its_own_server(tmp_path: Path) -> None:
         f"server create {SRV_A} --uid=0 --allowed-devices={uuids}",
         f"server list {CSV}",
         f"namespace list --server={SRV_A} {CSV}",
-        f"namespace create {NS_A} --server={SRV_A}",
-        f"namespace set {NS_A} --server={SRV_A} --pinned-memory-limit=40960M "
+        f"namespace create {CLAIM_NS} --server={SRV_A}",
+        f"namespace set {CLAIM_NS} --server={SRV_A} --pinned-memory-limit=40960M "
         "--active-thread-percentage=50",
-        f"namespace list {NS_A} --server={SRV_A} {CSV}",
+        f"namespace list {CLAIM_NS} --server={SRV_A} {CSV}",
     ]
     assert servers(node, "sm-sharing") == {SRV_A: tuple(g.uuid for g in node.gpus)}
-    assert limits(node, "sm-sharing", SRV_A) == {NS_A: (40 * GIB, 50)}
+    assert limits(node, "sm-sharing", SRV_A) == {CLAIM_NS: (40 * GIB, 50)}
     assert {node.nvml.gpus[g.uuid].compute_mode for g in node.gpus} == {"EXCLUSIVE_PROCESS"}
-    pipe = node.pipe("sm-sharing") / SRV_A / NS_A
+    pipe = node.pipe("sm-sharing") / SRV_A / CLAIM_NS
     assert pipe.is_dir()
     assert set(edits) == {f"gpu-{i}-part-0" for i in range(4)}
     for g in node.gpus:
@@ -122,12 +124,12 @@ def test_two_gpu_time_slicing_half_cards(tmp_path: Path) -> None:
         f"server create {SRV_A} --uid=0 --allowed-devices={g0.uuid},{g1.uuid}",
         f"server list {CSV}",
         f"namespace list --server={SRV_A} {CSV}",
-        f"namespace create {NS_A} --server={SRV_A}",
-        f"namespace set {NS_A} --server={SRV_A} --pinned-memory-limit={half_mib}M "
+        f"namespace create {CLAIM_NS} --server={SRV_A}",
+        f"namespace set {CLAIM_NS} --server={SRV_A} --pinned-memory-limit={half_mib}M "
         "--active-thread-percentage=100",
-        f"namespace list {NS_A} --server={SRV_A} {CSV}",
+        f"namespace list {CLAIM_NS} --server={SRV_A} {CSV}",
     ]
-    assert limits(node, "time-slicing", SRV_A) == {NS_A: (half_mib * 1024 * 1024, 100)}
+    assert limits(node, "time-slicing", SRV_A) == {CLAIM_NS: (half_mib * 1024 * 1024, 100)}
     assert node.nvml.gpus[g2.uuid].compute_mode == "DEFAULT"
     e0, e1 = edits["gpu-0-part-0"], edits["gpu-1-part-0"]
     assert e0.env == e1.env and e0.mounts == e1.mounts
@@ -143,7 +145,7 @@ def test_claim_server_lives_next_to_the_shared_server(tmp_path: Path) -> None:
     node.enforcer.apply(spread(node, 16 * GIB))
     assert servers(node, "time-slicing") == {"gpu_0": (g0.uuid,), SRV_A: (g0.uuid, g1.uuid)}
     assert limits(node, "time-slicing", "gpu_0") == {ns(UID_B): (8 * GIB, 100)}
-    assert limits(node, "time-slicing", SRV_A) == {NS_A: (16 * GIB, 100)}
+    assert limits(node, "time-slicing", SRV_A) == {CLAIM_NS: (16 * GIB, 100)}
     node.enforcer.release(UID_A)
     assert servers(node, "time-slicing") == {"gpu_0": (g0.uuid,)}
     assert node.nvml.gpus[g0.uuid].compute_mode == "EXCLUSIVE_PROCESS"
@@ -159,7 +161,7 @@ def test_release_terminates_clients_then_force_deletes_the_server(tmp_path: Path
     node = Node(tmp_path, count=4)
     node.enforcer.apply(spread(node, 40 * GIB, mode="sm-sharing"))
     pipe = node.pipe("sm-sharing")
-    pids = [node.mps.add_client(pipe, SRV_A, NS_A) for _ in range(2)]
+    pids = [node.mps.add_client(pipe, SRV_A, CLAIM_NS) for _ in range(2)]
     records = tmp_path / "run/cgroups" / UID_A
     records.mkdir(parents=True)
     (records / "ctr1").write_text("/gone/leaf\n")
@@ -208,15 +210,15 @@ def test_daemon_crash_recreates_the_claim_server(tmp_path: Path) -> None:
         "gpu_0": (node.gpus[0].uuid,),
         SRV_A: tuple(g.uuid for g in node.gpus),
     }
-    assert limits(node, "sm-sharing", SRV_A) == {NS_A: (40 * GIB, 25)}
+    assert limits(node, "sm-sharing", SRV_A) == {CLAIM_NS: (40 * GIB, 25)}
     assert limits(node, "sm-sharing", "gpu_0") == {ns(UID_B): (8 * GIB, 100)}
     assert sum(c.startswith(f"server create {SRV_A}") for c in node.mps.commands()) == 2
-    assert sum(c.startswith(f"namespace create {NS_A}") for c in node.mps.commands()) == 2
+    assert sum(c.startswith(f"namespace create {CLAIM_NS}") for c in node.mps.commands()) == 2
     assert any(entry["event"].startswith("MPS control daemon not answering") for entry in logs)
     # a vanished claim server alone is re-created too, without a daemon restart
     node.mps.daemon(node.pipe("sm-sharing")).servers.pop(SRV_A)
     node.enforcer.check_health()
-    assert limits(node, "sm-sharing", SRV_A) == {NS_A: (40 * GIB, 25)}
+    assert limits(node, "sm-sharing", SRV_A) == {CLAIM_NS: (40 * GIB, 25)}
     assert node.enforcer.daemon_restarts == 1
 
 
@@ -228,9 +230,9 @@ def test_restore_after_plugin_restart_and_crash(tmp_path: Path) -> None:
     fresh = node.new_enforcer()
     fresh.restore([p])
     assert servers(node, "time-slicing") == {SRV_A: tuple(g.uuid for g in node.gpus)}
-    assert limits(node, "time-slicing", SRV_A) == {NS_A: (10 * GIB, 100)}
+    assert limits(node, "time-slicing", SRV_A) == {CLAIM_NS: (10 * GIB, 100)}
     edits = fresh.apply(p)
-    assert edits["gpu-1-part-0"].mounts[0].host_path.endswith(f"{SRV_A}/{NS_A}")
+    assert edits["gpu-1-part-0"].mounts[0].host_path.endswith(f"{SRV_A}/{CLAIM_NS}")
 
 
 def test_restore_removes_claim_servers_of_unknown_claims(tmp_path: Path) -> None:
@@ -238,7 +240,7 @@ def test_restore_removes_claim_servers_of_unknown_claims(tmp_path: Path) -> None
     keep = plan(device(node.gpus[0], GIB), uid=UID_B)
     node.enforcer.apply(keep)
     node.enforcer.apply(spread(node, GIB))
-    busy = node.mps.add_client(node.pipe("time-slicing"), SRV_A, NS_A)
+    busy = node.mps.add_client(node.pipe("time-slicing"), SRV_A, CLAIM_NS)
     fresh = node.new_enforcer()
     fresh.restore([keep])
     cmds = node.mps.commands()
@@ -335,7 +337,7 @@ def test_cooperative_multi_gpu_claim_may_differ_in_request(tmp_path: Path) -> No
     g0, g1 = node.gpus
     p = plan(device(g0, 10 * GIB, 40 * GIB), device(g1, 20 * GIB, 40 * GIB, name="b"), uid=UID_A)
     edits = node.enforcer.apply(p)
-    assert limits(node, "time-slicing", SRV_A) == {NS_A: (40 * GIB, 100)}
+    assert limits(node, "time-slicing", SRV_A) == {CLAIM_NS: (40 * GIB, 100)}
     assert all(e.hooks == () for e in edits.values())
 
 
@@ -353,8 +355,8 @@ def test_usage_of_a_multi_gpu_claim(tmp_path: Path) -> None:
     p = spread(node, 8 * GIB)
     node.enforcer.apply(p)
     pipe = node.pipe("time-slicing")
-    c1 = node.mps.add_client(pipe, SRV_A, NS_A)
-    c2 = node.mps.add_client(pipe, SRV_A, NS_A)
+    c1 = node.mps.add_client(pipe, SRV_A, CLAIM_NS)
+    c2 = node.mps.add_client(pipe, SRV_A, CLAIM_NS)
     node.nvml.gpus[g0.uuid].processes = [MpsProcess(c1, GIB), MpsProcess(c2, 2 * GIB)]
     node.nvml.gpus[g1.uuid].processes = [MpsProcess(c1, 3 * GIB)]  # c2 uses GPU 0 only
     usage = MpsUsageSource(node.enforcer, node.nvml).snapshot([p])

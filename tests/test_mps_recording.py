@@ -76,7 +76,8 @@ def test_default_shape_on_a_simulated_node() -> None:
     edits = RecordingEnforcer().apply(
         plan(device(g0, GIB, name="a"), device(g1, GIB, name="b"), uid=UID_A)
     )
-    pipe = "/run/gpu-fraction/mps/time-slicing/pipe/m_{0}/c_{0}".format(UID_A.replace("-", "_"))
+    server = "m_" + UID_A.replace("-", "_")
+    pipe = f"/run/gpu-fraction/mps/time-slicing/pipe/{server}/claim"
     assert edits["a"].mounts == edits["b"].mounts == (Mount(pipe, "/tmp/nvidia-mps"),)
     assert edits["a"].hooks[0].args[-1] == g0.uuid
     assert edits["b"].hooks[0].args[-1] == g1.uuid

@@ -33,6 +33,8 @@ def test_failing_claim_during_restore_leaves_running_claims_alone(tmp_path: Path
     inode = os.stat(pipe / "gpu_0" / ns(B)).st_ino
 
     restarted = node.new_enforcer()  # the plugin restarts; A hits a transient failure
+    # A's namespace went missing, so restore must set it again (an intact one is only read).
+    node.mps.daemon(pipe).servers["gpu_0"].namespaces.pop(ns(A))
     node.mps.fail("namespace", "set")
     restarted.restore([pa, pb])
 

@@ -246,9 +246,10 @@ def test_other_nodes_and_drivers_untouched() -> None:
 def test_semantically_equal_quantities_are_not_rewritten() -> None:
     store = Store()
     want = desired("simulated:H200x1")
+    [gpu] = inventory("simulated:H200x1").gpus
     for s in copy.deepcopy(want):  # as if another client had written plain byte counts
         for cs in s["spec"].get("sharedCounters", []):
-            cs["counters"]["memory"]["value"] = str(143771 * 1024 * 1024)
+            cs["counters"]["memory"]["value"] = str(gpu.memory_bytes)
         store.create(s)
     api = FakeResourceV1Api(store)
     assert publisher(api)[0].publish(want).writes == 0

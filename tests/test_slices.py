@@ -26,6 +26,7 @@ from dra_driver.config import (
     quantity_value,
 )
 from dra_driver.gpus import MIB, Inventory, SimulatedGpuSource, SkippedGpu
+from dra_driver.gpus.simulated import PROFILES
 from dra_driver.slices import (
     PCI_BUS_ID_ATTRIBUTE,
     build_slices,
@@ -41,6 +42,8 @@ from dra_driver.slices import (
 DRIVER = DEFAULT_DRIVER_NAME
 NODE = "node-a"
 GIB = 1024 * MIB
+H200_MIB = PROFILES["H200"].memory_mib - PROFILES["H200"].reserved_mib
+"""What a simulated H200 offers: the card minus driver-reserved memory (tests/test_gpu_memory)."""
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -189,7 +192,7 @@ def test_default_h200x8_layout() -> None:
     counters = slices[0]["spec"]["sharedCounters"][0]
     assert counters == {
         "name": "gpu-0",
-        "counters": {"memory": {"value": "143771Mi"}, "slots": {"value": "8"}},
+        "counters": {"memory": {"value": f"{H200_MIB}Mi"}, "slots": {"value": "8"}},
     }
     names = [d["name"] for d in slice_devices(slices)]
     assert names[:15] == (
@@ -226,7 +229,7 @@ def test_product_device_body() -> None:
         inventory("simulated:H200x1"), NodeConfig(), DRIVER, NODE, enforcement={gpu.uuid: "hard"}
     )
     quarter = next(d for d in slice_devices(slices) if d["name"] == "gpu-0-quarter-1")
-    memory = 143771 * MIB // 4 // MIB * MIB  # rounded down to a whole MiB
+    memory = H200_MIB * MIB // 4 // MIB * MIB  # rounded down to a whole MiB
     assert quarter == {
         "name": "gpu-0-quarter-1",
         "attributes": {
@@ -238,7 +241,7 @@ def test_product_device_body() -> None:
             "computeCapability": {"version": "9.0.0"},
             "driverVersion": {"version": "615.71.9"},
             "cudaDriverVersion": {"version": "13.4.0"},
-            "gpuMemory": {"int": 143771 * MIB},
+            "gpuMemory": {"int": H200_MIB * MIB},
             "smCount": {"int": 132},
             "computeMode": {"string": "time-slicing"},
             "fractionModel": {"string": "products"},
@@ -260,7 +263,7 @@ def test_product_device_body() -> None:
     }
     full = next(d for d in slice_devices(slices) if d["name"] == "gpu-0-full-0")
     assert full["consumesCounters"][0]["counters"] == {
-        "memory": {"value": "143771Mi"},
+        "memory": {"value": f"{H200_MIB}Mi"},
         "slots": {"value": "8"},
     }
 
@@ -277,13 +280,13 @@ def test_capacity_device_body() -> None:
     capacity = devices["gpu-0"]
     assert capacity["allowMultipleAllocations"] is True
     assert "consumesCounters" not in capacity
+    top = 1024 + (H200_MIB - 1024) // 256 * 256  # 1Gi + n * 256Mi within the card (MiB)
     assert capacity["capacity"] == {
         "memory": {
-            "value": "143771Mi",
+            "value": f"{H200_MIB}Mi",
             "requestPolicy": {
-                # 1Gi + floor((143771Mi - 1Gi) / 256Mi) * 256Mi = 143616Mi; default: whole card
-                "default": "143616Mi",
-                "validRange": {"min": "1Gi", "step": "256Mi", "max": "143616Mi"},
+                "default": f"{top}Mi",  # default: the whole card, on the grid
+                "validRange": {"min": "1Gi", "step": "256Mi", "max": f"{top}Mi"},
             },
         }
     }
@@ -416,7 +419,7 @@ def test_plan_devices_is_what_is_published() -> None:
     quarter = table["gpu-1-quarter-3"]
     assert quarter.gpu == inv.gpus[1]
     assert quarter.product == "quarter" and quarter.portion == Fraction(1, 4)
-    assert quarter.memory_bytes == 143771 * MIB // 4 // MIB * MIB
+    assert quarter.memory_bytes == H200_MIB * MIB // 4 // MIB * MIB
     assert quarter.compute_mode == "time-slicing"
     assert table["gpu-1-full-0"].memory_bytes == inv.gpus[1].memory_bytes
     cap = table["gpu-2"]
@@ -563,3 +566,15 @@ def test_any_node_publishes_valid_safe_slices(
                 if device.portion == 1
                 else int(device.portion * device.gpu.memory_bytes) // MIB * MIB
             )
+
+
+def test_pre_volta_gpu_not_offered_and_warned() -> None:
+    """MPS before Volta has no per-client memory limit (dra-driver-nvidia-gpu #974)."""
+    inv = inventory("simulated:P100-16GBx1,L4x1", node="old-node")
+    with capture_logs() as logs:
+        slices = build_slices(inv, NodeConfig(), DRIVER, "old-node")
+    check_all(slices, node="old-node")
+    assert {d["attributes"]["index"]["int"] for d in slice_devices(slices)} == {1}
+    [warning] = [e for e in logs if e["log_level"] == "warning"]
+    assert warning["gpu"] == 0
+    assert "compute capability 6.0 < 7.0" in warning["reason"]

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dra_driver.gpus.model import MIB, Gpu, GpuSource, GpuSourceError, Inventory, SkippedGpu
+from dra_driver.gpus.model import (
+    MIB,
+    Gpu,
+    GpuSource,
+    GpuSourceError,
+    Inventory,
+    SkippedGpu,
+    pre_volta_reason,
+)
 from dra_driver.gpus.simulated import SimulatedGpuSource, SimulatedSpecError
 
 
@@ -35,4 +43,5 @@ __all__ = [
     "SimulatedSpecError",
     "SkippedGpu",
     "open_source",
+    "pre_volta_reason",
 ]

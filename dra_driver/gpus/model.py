@@ -8,6 +8,26 @@ from typing import Protocol
 MIB = 1024 * 1024
 """Bytes in one MiB."""
 
+MPS_MIN_COMPUTE_CAPABILITY = (7, 0)
+"""Oldest compute capability (Volta) whose MPS clients each own a GPU address space and get
+execution resource provisioning (NVIDIA MPS docs, "Introduction", "Volta MPS"); pre-Volta MPS
+was reported as unsupported to NVIDIA's DRA driver (kubernetes-sigs/dra-driver-nvidia-gpu
+#974)."""
+
+
+def pre_volta_reason(compute_capability: str) -> str | None:
+    """Why a GPU of ``compute_capability`` (``"<major>.<minor>"``) cannot get MPS fractions,
+    or None when it can (or when the value does not parse: nothing is refused on a guess)."""
+    major, _, minor = compute_capability.partition(".")
+    if not (major.isdigit() and minor.isdigit()):
+        return None
+    if (int(major), int(minor)) >= MPS_MIN_COMPUTE_CAPABILITY:
+        return None
+    return (
+        f"compute capability {compute_capability} < 7.0: pre-Volta MPS clients share one GPU "
+        "address space and get no resource provisioning, so fractions cannot be enforced"
+    )
+
 
 @dataclass(frozen=True)
 class Gpu:
@@ -18,7 +38,9 @@ class Gpu:
         minor: device minor number; the device node is ``/dev/nvidia<minor>``.
         uuid: NVML UUID, e.g. ``GPU-0f5b1c9e-...``.
         name: product name as NVML reports it, e.g. ``NVIDIA H200``.
-        memory_bytes: total device memory in bytes.
+        memory_bytes: device memory processes can allocate, in bytes: the card's total minus
+            what the driver reserves for itself (NVML ``nvmlDeviceGetMemoryInfo`` v2
+            ``total - reserved``; see :func:`dra_driver.gpus.nvml.usable_memory_bytes`).
         sm_count: streaming multiprocessor count.
         compute_capability: ``"<major>.<minor>"``, e.g. ``"9.0"``.
         architecture: lower-case architecture name, e.g. ``hopper``.
@@ -44,7 +66,7 @@ class Gpu:
 
     @property
     def memory_mib(self) -> int:
-        """Total device memory in whole MiB (rounded down)."""
+        """:attr:`memory_bytes` in whole MiB (rounded down)."""
         return self.memory_bytes // MIB
 
     @property

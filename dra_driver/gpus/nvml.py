@@ -6,7 +6,7 @@ from typing import Any
 
 import structlog
 
-from dra_driver.gpus.model import Gpu, GpuSourceError, Inventory, SkippedGpu
+from dra_driver.gpus.model import MIB, Gpu, GpuSourceError, Inventory, SkippedGpu
 
 log = structlog.get_logger(__name__)
 
@@ -31,6 +31,39 @@ def _text(value: Any) -> str:
 def cuda_version_text(raw: int) -> str:
     """NVML's CUDA driver version integer (e.g. 13040) as ``"13.4"``."""
     return f"{raw // 1000}.{(raw % 1000) // 10}"
+
+
+def usable_memory_bytes(nv: Any, handle: Any, index: int) -> int:
+    """Device memory processes can allocate, in bytes: ``total - reserved`` of
+    ``nvmlDeviceGetMemoryInfo(handle, version=nvmlMemory_v2)``.
+
+    The v1 call's ``total`` includes the memory the driver reserves for itself (a few hundred
+    MiB: about 450 MiB on a T4, KAI Scheduler #2212), which no process can allocate; a ``full``
+    product built on it would promise memory that is not there. When the driver lacks the v2
+    call (``NVMLError_FunctionNotFound``, ``_NotSupported``, ``_ArgumentVersionMismatch``) the
+    v1 total is used and a warning logged.
+
+    Raises:
+        nv.NVMLError: when the v1 call fails too.
+    """
+    unsupported = (
+        nv.NVMLError_FunctionNotFound,
+        nv.NVMLError_NotSupported,
+        nv.NVMLError_ArgumentVersionMismatch,
+    )
+    try:
+        info = nv.nvmlDeviceGetMemoryInfo(handle, version=nv.nvmlMemory_v2)
+    except unsupported as exc:
+        total = int(nv.nvmlDeviceGetMemoryInfo(handle).total)
+        log.warning(
+            "NVML memory info v2 unsupported: offering the v1 total, which includes "
+            "driver-reserved memory no process can allocate",
+            gpu=index,
+            total_mib=total // MIB,
+            error=str(exc),
+        )
+        return total
+    return int(info.total) - int(info.reserved)
 
 
 def normalize_pci_bus_id(bus_id: str) -> str:
@@ -99,7 +132,7 @@ class NvmlGpuSource:
             minor=nv.nvmlDeviceGetMinorNumber(h),
             uuid=_text(nv.nvmlDeviceGetUUID(h)),
             name=_text(nv.nvmlDeviceGetName(h)),
-            memory_bytes=int(nv.nvmlDeviceGetMemoryInfo(h).total),
+            memory_bytes=usable_memory_bytes(nv, h, index),
             sm_count=int(nv.nvmlDeviceGetAttributes(h).multiprocessorCount),
             compute_capability=f"{major}.{minor_cc}",
             architecture=arch,

@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dra_driver.atomicfile import write_atomic
+from dra_driver.atomicfile import ensure_dir, write_atomic
 from dra_driver.cdi import CONTROL_DEVICE_NODES
 from dra_driver.gpus.model import Gpu
 
@@ -135,7 +135,7 @@ def install(
     node = SimulatedNode(Path(root), Path(hook_path or Path(root) / "bin" / HOOK_NAME))
     for path, (major, minor) in device_numbers(gpus).items():
         host = node.device_root / path.lstrip("/")
-        host.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        ensure_dir(host.parent, 0o755)
         want = os.makedev(major, minor)
         try:
             st = host.lstat()
@@ -146,7 +146,7 @@ def install(
             pass
         os.mknod(host, 0o666 | stat.S_IFCHR, want)
         os.chmod(host, 0o666)
-    node.hook_path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    ensure_dir(node.hook_path.parent, 0o755)
     write_atomic(node.hook_path, hook_script(node.records).encode(), mode=0o755, durable=False)
     os.chmod(node.hook_path, 0o755)  # whatever the umask
     return node

@@ -2,8 +2,14 @@
 
 Spec grammar: ``simulated:<MODEL>x<COUNT>[,<MODEL>x<COUNT>...][@<DRIVER_VERSION>]``, e.g.
 ``simulated:H200x8``, ``simulated:V100-32GBx4``, ``simulated:H200x2,A100-80GBx2``,
-``simulated:L4x1@580.95.05``. Values per model follow what NVML reports on real cards
-(memory in bytes = the MiB that ``nvidia-smi`` shows x 1 MiB).
+``simulated:L4x1@580.95.05``. Values per model follow what NVML reports on real cards; a
+GPU's memory is the card's total (the MiB ``nvidia-smi`` shows) minus the memory the driver
+reserves for itself, as on a real node (see :data:`PROFILES`).
+
+A node runs one driver. Without ``@<DRIVER_VERSION>`` it is :data:`DEFAULT_DRIVER_VERSION`, or
+the last driver branch of the oldest card listed when that is older (a V100 holds its node at
+R580); naming a driver newer than a card's last branch is an error, as such a node cannot
+exist.
 """
 
 from __future__ import annotations
@@ -19,28 +25,56 @@ DEFAULT_DRIVER_VERSION = "615.71.09"
 """r615 driver (CUDA 13.4): the first with MPS v3 and per-container memory limits."""
 
 
+LAST_VOLTA_DRIVER = "580.95.05"
+"""An R580 driver: R580 (CUDA 13.0) is the last branch for Volta and Pascal GPUs; CUDA 13
+removed their support from the toolkit and later branches do not drive them."""
+
+
 @dataclass(frozen=True)
 class GpuProfile:
-    """Per-model constants of a simulated GPU (memory in MiB as nvidia-smi shows it)."""
+    """Per-model constants of a simulated GPU.
+
+    Attributes:
+        name: product name as NVML reports it.
+        memory_mib: the card's total as ``nvidia-smi`` shows it (NVML v1/v2 ``total``), MiB.
+        reserved_mib: memory the driver reserves for itself (NVML v2 ``reserved``), MiB;
+            the GPU offers ``memory_mib - reserved_mib`` (see
+            :func:`dra_driver.gpus.nvml.usable_memory_bytes`).
+        sm_count, compute_capability, architecture, mig_enabled: as NVML reports them.
+        last_driver: the newest driver version the card runs, when its branch is older than
+            :data:`DEFAULT_DRIVER_VERSION`'s (None: no limit).
+    """
 
     name: str
     memory_mib: int
+    reserved_mib: int
     sm_count: int
     compute_capability: str
     architecture: str
     mig_enabled: bool = False
+    last_driver: str | None = None
 
 
 PROFILES: dict[str, GpuProfile] = {
-    "H200": GpuProfile("NVIDIA H200", 143771, 132, "9.0", "hopper"),
-    "H100-80GB": GpuProfile("NVIDIA H100 80GB HBM3", 81559, 132, "9.0", "hopper"),
-    "A100-80GB": GpuProfile("NVIDIA A100-SXM4-80GB", 81920, 108, "8.0", "ampere"),
-    "A100-40GB": GpuProfile("NVIDIA A100-SXM4-40GB", 40960, 108, "8.0", "ampere"),
-    "A100-80GB-MIG": GpuProfile("NVIDIA A100-SXM4-80GB", 81920, 108, "8.0", "ampere", True),
-    "L4": GpuProfile("NVIDIA L4", 23034, 58, "8.9", "ada-lovelace"),
-    "V100-32GB": GpuProfile("Tesla V100-SXM2-32GB", 32768, 80, "7.0", "volta"),
+    "H200": GpuProfile("NVIDIA H200", 143771, 640, 132, "9.0", "hopper"),
+    "H100-80GB": GpuProfile("NVIDIA H100 80GB HBM3", 81559, 580, 132, "9.0", "hopper"),
+    "A100-80GB": GpuProfile("NVIDIA A100-SXM4-80GB", 81920, 600, 108, "8.0", "ampere"),
+    "A100-40GB": GpuProfile("NVIDIA A100-SXM4-40GB", 40960, 540, 108, "8.0", "ampere"),
+    "A100-80GB-MIG": GpuProfile("NVIDIA A100-SXM4-80GB", 81920, 600, 108, "8.0", "ampere", True),
+    "L4": GpuProfile("NVIDIA L4", 23034, 450, 58, "8.9", "ada-lovelace"),
+    "V100-32GB": GpuProfile(
+        "Tesla V100-SXM2-32GB", 32768, 480, 80, "7.0", "volta", last_driver=LAST_VOLTA_DRIVER
+    ),
+    "P100-16GB": GpuProfile(
+        "Tesla P100-PCIE-16GB", 16384, 450, 56, "6.0", "pascal", last_driver=LAST_VOLTA_DRIVER
+    ),
 }
-"""Known simulated models, keyed by the name used in a spec."""
+"""Known simulated models, keyed by the name used in a spec.
+
+``reserved_mib`` values are ESTIMATES, not measurements: a few hundred MiB per card, the order
+reported for a T4 (about 450 MiB, KAI Scheduler issue #2212), somewhat more on the larger
+cards. Replace them with ``nvidia-smi -q`` "FB Memory Usage / Reserved" readings when known.
+"""
 
 _CUDA_FOR_DRIVER = ((615, "13.4"), (580, "13.0"), (570, "12.8"), (550, "12.4"), (535, "12.2"))
 _PART = re.compile(r"^(?P<model>[A-Za-z0-9-]+?)x(?P<count>[0-9]+)$")
@@ -59,20 +93,48 @@ def cuda_version_for_driver(driver_version: str) -> str:
     return "12.0"
 
 
+def _branch(driver_version: str) -> int:
+    return int(driver_version.split(".", 1)[0])
+
+
+def node_driver(models: list[str], requested: str) -> str:
+    """The driver version of a node with ``models`` (keys of :data:`PROFILES`): ``requested``,
+    or when empty the default held back to the oldest card's last branch.
+
+    Raises:
+        SimulatedSpecError: when ``requested`` is newer than a card's last branch.
+    """
+    limits: dict[str, str] = {}
+    for model in models:
+        last = PROFILES[model].last_driver
+        if last is not None:
+            limits[model] = last
+    if not requested:
+        return min([DEFAULT_DRIVER_VERSION, *limits.values()], key=_branch)
+    for model, last in limits.items():
+        if _branch(requested) > _branch(last):
+            raise SimulatedSpecError(
+                f"{model} runs driver branches up to R{_branch(last)}; driver {requested} does "
+                f"not support it (drop @{requested} to get {last})"
+            )
+    return requested
+
+
 def parse_spec(spec: str) -> tuple[list[tuple[GpuProfile, int]], str]:
     """Parse a ``simulated:...`` spec into ``([(profile, count), ...], driver_version)``.
 
     Raises:
-        SimulatedSpecError: unknown prefix, model, bad count, empty spec or a bad driver version.
+        SimulatedSpecError: unknown prefix, model, bad count, empty spec, a bad driver version
+            or one newer than a listed card's last branch.
     """
     if not spec.startswith("simulated:"):
         raise SimulatedSpecError(f"GPU spec {spec!r} must start with 'simulated:'")
     body = spec.removeprefix("simulated:")
     body, _, driver = body.partition("@")
-    driver = driver or DEFAULT_DRIVER_VERSION
-    if not re.fullmatch(r"[0-9]{3}\.[0-9]+(\.[0-9]+)?", driver):
+    if driver and not re.fullmatch(r"[0-9]{3}\.[0-9]+(\.[0-9]+)?", driver):
         raise SimulatedSpecError(f"driver version {driver!r} must look like 615.71.09")
     parts: list[tuple[GpuProfile, int]] = []
+    models: list[str] = []
     for raw in filter(None, body.split(",")):
         m = _PART.match(raw.strip())
         if not m:
@@ -84,9 +146,10 @@ def parse_spec(spec: str) -> tuple[list[tuple[GpuProfile, int]], str]:
         if count < 1 or count > 64:
             raise SimulatedSpecError(f"count in {raw!r} must be between 1 and 64")
         parts.append((PROFILES[model], count))
+        models.append(model)
     if not parts:
         raise SimulatedSpecError(f"GPU spec {spec!r} names no GPUs")
-    return parts, driver
+    return parts, node_driver(models, driver)
 
 
 class SimulatedGpuSource:
@@ -139,7 +202,7 @@ class SimulatedGpuSource:
             minor=index,
             uuid=f"GPU-{uid}",
             name=profile.name,
-            memory_bytes=profile.memory_mib * MIB,
+            memory_bytes=(profile.memory_mib - profile.reserved_mib) * MIB,
             sm_count=profile.sm_count,
             compute_capability=profile.compute_capability,
             architecture=profile.architecture,

@@ -13,6 +13,7 @@ decode (:mod:`dra_driver.kubelet.decoding`) and keep a bounded receive size.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Mapping
 from concurrent import futures
@@ -31,6 +32,7 @@ from dra_driver._proto import (
     health_v1alpha1_pb2_grpc,
     registration_pb2_grpc,
 )
+from dra_driver.atomicfile import ensure_dir
 from dra_driver.driver import Driver
 from dra_driver.kubelet.decoding import DecodeInHandler
 from dra_driver.kubelet.dra import v1_servicer, v1beta1_servicer
@@ -77,10 +79,14 @@ def _server(workers: int) -> grpc.Server:
 
 
 def _listen(server: grpc.Server, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Bind ``server`` to the unix socket ``path``: owner-only (0600, the kubelet runs as root),
+    in a directory created owner-only (0700) if missing, whatever the umask. The server is
+    not started yet, so nothing is served before the mode is set."""
+    ensure_dir(path.parent, 0o700)
     path.unlink(missing_ok=True)
     if server.add_insecure_port(f"unix://{path}") == 0:
         raise OSError(f"cannot listen on {path}")
+    os.chmod(path, 0o600)
 
 
 class PluginServer:

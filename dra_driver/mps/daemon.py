@@ -26,6 +26,7 @@ from pathlib import Path
 import structlog
 
 from dra_driver import budget
+from dra_driver.atomicfile import ensure_dir, write_atomic
 from dra_driver.mps.base import MpsError
 from dra_driver.mps.control import CONTROL_BINARY, MpsCommandError, MpsControl, MpsTimeout
 from dra_driver.runner import Runner
@@ -129,9 +130,9 @@ class MpsDaemon:
         """
         if self._running():
             return False
-        self.pipe_dir.mkdir(parents=True, exist_ok=True)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.config_file.write_text(config_toml(self.mode))
+        ensure_dir(self.pipe_dir, 0o755)  # tenants of any UID reach their namespace below it
+        ensure_dir(self.log_dir, 0o755)
+        write_atomic(self.config_file, config_toml(self.mode).encode(), 0o644, durable=False)
         for stale in ("control", "nvidia-cuda-mps-control.pid"):
             (self.pipe_dir / stale).unlink(missing_ok=True)
         log.info("starting MPS control daemon", mode=self.mode, pipe_dir=str(self.pipe_dir))

@@ -15,7 +15,7 @@ Layout on the node (host paths; the plugin sees them at the same paths):
   100; sm-sharing: the claim's value or ``default_active_thread_percentage``), because named
   namespaces inherit nothing from the server (``docs/enforcement.md``, "Layout and commands");
 - per multi-GPU claim its own server ``m_<uid>`` with ``--allowed-devices=<UUID>,<UUID>...``
-  (all its GPUs, one mode) and one namespace ``c_<uid>`` on it (same limits rule; the limit
+  (all its GPUs, one mode) and one namespace ``claim`` on it (same limits rule; the limit
   applies to each GPU, ``docs/enforcement.md``, "Multi-device claims"); deleted with the
   claim (clients terminated first);
 - the claim's container gets only its namespace's pipe directory, bind-mounted at
@@ -30,6 +30,7 @@ Layout on the node (host paths; the plugin sees them at the same paths):
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import threading
 import time
@@ -40,10 +41,18 @@ from pathlib import Path
 import structlog
 
 from dra_driver import budget
+from dra_driver.atomicfile import ensure_dir
 from dra_driver.cdi import ContainerEdits
-from dra_driver.gpus import MIB, Gpu
+from dra_driver.gpus import Gpu
 from dra_driver.mps.base import MpsError
-from dra_driver.mps.control import ClientRow, MpsCommandError, MpsControl, MpsTimeout, ServerRow
+from dra_driver.mps.control import (
+    ClientRow,
+    MpsCommandError,
+    MpsControl,
+    MpsTimeout,
+    NamespaceRow,
+    ServerRow,
+)
 from dra_driver.mps.daemon import MODES, MpsDaemon
 from dra_driver.mps.janitor import SoftLimitJanitor
 from dra_driver.mps.names import (
@@ -55,7 +64,6 @@ from dra_driver.mps.names import (
     memory_arg,
     mib,
     namespace_name,
-    parse_memory,
     server_name,
 )
 from dra_driver.mps.nvml import NvmlError, NvmlFacade
@@ -68,6 +76,7 @@ from dra_driver.mps.targets import (
     check_mode_conflicts,
     claim_edits,
     gpus_text,
+    namespace_drift,
     namespace_pipe_dir,
     plan_targets,
     target_edits,
@@ -504,33 +513,67 @@ class MpsEnforcer:
         )
 
     def _ensure_namespace(self, daemon: MpsDaemon, t: FractionTarget) -> str:
+        """Make ``t``'s namespace exist with its limits; return its pipe directory.
+
+        Read-only when the namespace is there with the right limits: ``namespace set`` runs
+        only on a namespace just created or one whose limits drifted, and never while clients
+        are attached (on r615 drivers it then fails; ``docs/enforcement.md``, "Lifecycle").
+
+        Raises:
+            MpsError: a command failed, the limits read back wrong, or they drifted while
+                clients are attached (the GPU is then reported unhealthy).
+        """
         ctl = daemon.control
         ns, srv = t.namespace, t.server
-        if all(r.name != ns for r in ctl.namespace_list(srv)):
+        row = next((r for r in ctl.namespace_list(srv) if r.name == ns), None)
+        if row is None:
             ctl.namespace_create(ns, srv)
-        limit_arg = memory_arg(t.limit_bytes)
-        ctl.namespace_set(ns, srv, limit_arg, t.threads)
-        rows = [r for r in ctl.namespace_list(srv, ns) if r.name == ns]
-        if not rows:
-            raise MpsError(f"MPS namespace {ns} missing on server {srv} right after create")
-        row = rows[0]
-        limit = parse_memory(row.pinned_memory_limit)
-        if limit != mib(t.limit_bytes) * MIB:
-            raise MpsError(
-                f"MPS namespace {ns} on {srv} reports pinned memory limit "
-                f"{row.pinned_memory_limit!r}, expected {limit_arg}"
-            )
-        if row.active_thread_percentage.strip() != str(t.threads):
-            raise MpsError(
-                f"MPS namespace {ns} on {srv} reports active thread percentage "
-                f"{row.active_thread_percentage!r}, expected {t.threads}"
-            )
+            row = self._set_limits(ctl, t)
+        else:
+            drift = namespace_drift(row, t)
+            if drift:
+                row = self._repair_limits(ctl, t, drift)
         pipe = Path(row.pipe_directory or namespace_pipe_dir(t, self.options))
         root = daemon.pipe_dir.resolve()
         if not pipe.resolve().is_relative_to(root):
             raise MpsError(f"MPS namespace {ns} pipe directory {pipe} is outside {root}")
-        pipe.mkdir(parents=True, exist_ok=True)
+        ensure_dir(pipe, 0o755)
         return str(pipe)
+
+    def _set_limits(self, ctl: MpsControl, t: FractionTarget) -> NamespaceRow:
+        """``namespace set`` both limits, read them back and check them."""
+        ns, srv = t.namespace, t.server
+        ctl.namespace_set(ns, srv, memory_arg(t.limit_bytes), t.threads)
+        row = next((r for r in ctl.namespace_list(srv, ns) if r.name == ns), None)
+        if row is None:
+            raise MpsError(f"MPS namespace {ns} missing on server {srv} right after create")
+        drift = namespace_drift(row, t)
+        if drift:
+            raise MpsError(f"MPS namespace {ns} on {srv} reports {'; '.join(drift)}")
+        return row
+
+    def _repair_limits(self, ctl: MpsControl, t: FractionTarget, drift: list[str]) -> NamespaceRow:
+        """Re-set a namespace whose limits drifted, unless clients are attached."""
+        ns, srv = t.namespace, t.server
+        clients = [c for c in ctl.client_list(srv) if c.namespace == ns]
+        if clients:
+            raise MpsError(
+                f"MPS namespace {ns} on {srv} has {'; '.join(drift)}, and {len(clients)} "
+                f"client(s) attached (PIDs {', '.join(str(c.pid) for c in clients)}): not "
+                "re-set, as namespace set fails while clients are attached; restart the "
+                "claim's pods to have the limits applied"
+            )
+        log.warning(
+            "MPS namespace limits drifted; re-setting them",
+            claim_uid=t.claim.uid,
+            namespace=t.claim.namespace,
+            name=t.claim.name,
+            gpu=t.gpu.uuid,
+            mps_server=srv,
+            mps_namespace=ns,
+            drift=drift,
+        )
+        return self._set_limits(ctl, t)
 
     def _terminate_clients(
         self, ctl: MpsControl, server: str, namespace: str | None = None
@@ -650,8 +693,9 @@ class MpsEnforcer:
 
     def _set_compute_mode(self, gpu: Gpu, mode: str) -> None:
         marker = self._marker(gpu.uuid)
-        marker.parent.mkdir(parents=True, exist_ok=True)
+        ensure_dir(marker.parent, 0o755)
         marker.write_text(mode + "\n")
+        os.chmod(marker, 0o644)
         if self.nvml.compute_mode(gpu.uuid) != mode:
             self.nvml.set_compute_mode(gpu.uuid, mode)
             log.info("GPU compute mode set", gpu=gpu.uuid, gpu_index=gpu.index, compute_mode=mode)

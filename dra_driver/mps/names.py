@@ -20,6 +20,10 @@ NAMESPACE_PREFIX = "c_"
 """Prefix of a claim's namespace name: ``c_`` + the claim UID with ``-`` as ``_`` (38 chars)."""
 DEDICATED_PREFIX = "m_"
 """Prefix of a multi-GPU claim's own MPS server: ``m_`` + the claim UID with ``-`` as ``_``."""
+DEDICATED_NAMESPACE = "claim"
+"""The namespace of a multi-GPU claim on its own server: the server's name already names the
+claim, and ``c_<uid>`` below ``m_<uid>`` would make the namespace's socket path 125 bytes
+under the default root, beyond the kernel's 107 (:mod:`dra_driver.sockets`)."""
 
 _NAME = re.compile(r"^[a-z0-9_]{1,64}$")
 _UID_PART = r"([0-9a-f]{8})_([0-9a-f]{4})_([0-9a-f]{4})_([0-9a-f]{4})_([0-9a-f]{12})$"

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dra_driver.atomicfile import ensure_dir
 from dra_driver.cdi import ContainerEdits
 from dra_driver.mps.base import MpsError
 from dra_driver.mps.names import claim_uid_of, claim_uid_of_server
@@ -94,7 +95,7 @@ class RecordingEnforcer:
     def _make_pipe_dirs(self, targets: Sequence[FractionTarget]) -> None:
         if self.make_dirs:
             for d in self._pipe_dirs(targets):
-                d.mkdir(mode=0o755, parents=True, exist_ok=True)
+                ensure_dir(d, 0o755)
 
     def _applied_targets(self, uid: str, plan: ClaimPlan) -> tuple[FractionTarget, ...]:
         memo = self._memo.get(uid)
@@ -127,12 +128,13 @@ class RecordingEnforcer:
         if not self.make_dirs:
             return
         for server in sorted(self.options.mps_root.glob("*/pipe/*")):
+            owner = claim_uid_of_server(server.name)
             for ns in sorted(server.iterdir()) if server.is_dir() else ():
-                uid = claim_uid_of(ns.name)
+                # A claim's own server (multi-GPU) holds one namespace of a fixed name.
+                uid = owner if owner is not None else claim_uid_of(ns.name)
                 if uid is not None and whose(uid):
                     with contextlib.suppress(OSError):
                         ns.rmdir()  # empty on a simulated node: no MPS daemon writes into it
-            owner = claim_uid_of_server(server.name)
             if owner is not None and whose(owner):
                 with contextlib.suppress(OSError):
                     server.rmdir()

@@ -15,7 +15,8 @@ thread percentages summed, capped at 100).
 
 Multi-GPU claims (MPS devices on several GPUs): a client connects to one pipe directory, so the
 claim gets its own server ``m_<uid>`` whose ``--allowed-devices`` are all its GPUs, in the
-daemon of its compute mode, with one namespace ``c_<uid>``. A namespace has one pinned memory
+daemon of its compute mode, with one namespace ``claim`` (short, so that its socket path fits
+the kernel's limit, :mod:`dra_driver.sockets`). A namespace has one pinned memory
 limit, applied to each GPU, and one thread percentage, and the hook's
 ``NVIDIA_GPU_MEMORY_REQUEST``/``_LIMIT`` env is container-wide (``docs/enforcement.md``,
 "Multi-device claims", with sources); so every GPU of the
@@ -32,7 +33,7 @@ from pathlib import Path
 from dra_driver.cdi import ContainerEdits, Mount
 from dra_driver.gpus import MIB, Gpu
 from dra_driver.mps.base import MpsError
-from dra_driver.mps.control import CONTROL_BINARY
+from dra_driver.mps.control import CONTROL_BINARY, NamespaceRow
 from dra_driver.mps.daemon import MODES, daemon_pipe_dir
 from dra_driver.mps.hooks import (
     CTK_HOOK_PATH,
@@ -41,7 +42,15 @@ from dra_driver.mps.hooks import (
     memory_limit_hook,
     record_cgroup_hook,
 )
-from dra_driver.mps.names import dedicated_server_name, mib, namespace_name, server_name
+from dra_driver.mps.names import (
+    DEDICATED_NAMESPACE,
+    dedicated_server_name,
+    memory_arg,
+    mib,
+    namespace_name,
+    parse_memory,
+    server_name,
+)
 from dra_driver.prepare import ClaimPlan, ClaimRef
 
 TIERS = ("hard", "cooperative", "none")
@@ -155,8 +164,8 @@ class FractionTarget:
 
     @property
     def namespace(self) -> str:
-        """The claim's MPS namespace name."""
-        return namespace_name(self.claim.uid)
+        """The claim's MPS namespace: ``c_<uid>`` on a shared server, ``claim`` on its own."""
+        return DEDICATED_NAMESPACE if self.dedicated else namespace_name(self.claim.uid)
 
     @property
     def uses_mps(self) -> bool:
@@ -294,6 +303,27 @@ def _join_gpus(who: str, targets: list[FractionTarget]) -> tuple[FractionTarget,
         )
     gpus = tuple(sorted((t.gpu for t in targets), key=lambda g: g.index))
     return tuple(replace(t, claim_gpus=gpus) for t in targets)
+
+
+def namespace_drift(row: NamespaceRow, target: FractionTarget) -> list[str]:
+    """Pure: how the namespace as ``namespace list`` shows it differs from ``target``'s limits
+    (pinned memory limit in whole MiB, active thread percentage); ``[]`` when it matches.
+
+    Each entry reads ``pinned memory limit '7G', expected 2048M``.
+    """
+    out = []
+    want = memory_arg(target.limit_bytes)
+    try:
+        limit = parse_memory(row.pinned_memory_limit)
+    except MpsError:
+        limit = None
+    if limit != mib(target.limit_bytes) * MIB:
+        out.append(f"pinned memory limit {row.pinned_memory_limit!r}, expected {want}")
+    if row.active_thread_percentage.strip() != str(target.threads):
+        out.append(
+            f"active thread percentage {row.active_thread_percentage!r}, expected {target.threads}"
+        )
+    return out
 
 
 def namespace_pipe_dir(target: FractionTarget, options: MpsOptions) -> str:

@@ -13,7 +13,9 @@ Failure modes, as ``docs/enforcement.md`` describes them:
 - :meth:`FakeMpsControl.crash`: the daemon dies; servers, namespaces and clients are gone, the
   stale ``control`` socket and namespace directories stay;
 - busy clients: ``namespace delete`` without ``--force`` and ``server delete`` without
-  ``--force`` are refused while clients are attached;
+  ``--force`` are refused while clients are attached, and so is ``namespace set`` (on r615
+  drivers it fails once a client is attached, as the maintainers of KAI's gpu-fractioning
+  operator measured; the real error text is not known, the fake's is its own);
 - ``v2_only``: ``-h`` lists no ``server``/``namespace`` modules, ``-p 3`` daemons are refused
   and modules are unknown commands;
 - ``fail(prefix, ...)``: the next matching command fails with the given rc/stderr;
@@ -400,6 +402,8 @@ class FakeMpsControl:
         server = self._server_of(d, kv)
         if server is None or not pos or pos[0] not in server.namespaces:
             return Completed(1, "", "namespace not found")
+        if any(c.server == server.name and c.namespace == pos[0] for c in d.clients):
+            return Completed(1, "", f"namespace {pos[0]} has active clients; cannot set")
         return self._apply_limits(server.namespaces[pos[0]], kv)
 
     def _namespace_delete(
