@@ -80,7 +80,16 @@ def where(dc: dynamic.DynamicClient, obj: dict[str, Any], namespace: str | None)
 
 
 def create(dc: dynamic.DynamicClient, obj: dict[str, Any], namespace: str | None = None) -> Any:
-    return resource(dc, obj).create(body=obj, **where(dc, obj, namespace))
+    """Create ``obj``; a 409 from quota admission racing the quota controller's own update of
+    the namespace's ResourceQuota status ("the object has been modified") is retried, as
+    kubectl's users would."""
+    for attempt in range(5):
+        try:
+            return resource(dc, obj).create(body=obj, **where(dc, obj, namespace))
+        except ApiException as exc:
+            if exc.status != 409 or "resourcequotas" not in str(exc.body) or attempt == 4:
+                raise
+            time.sleep(0.2)
 
 
 def delete(dc: dynamic.DynamicClient, obj: dict[str, Any], namespace: str | None = None) -> None:
