@@ -326,7 +326,8 @@ class Driver:
         prepared: dict[str, ClaimPlan],
         call: Budget,
     ) -> PrepareOutcome:
-        """:meth:`_prepare_one` once the claim was read and if the call's budget is left."""
+        """:meth:`_prepare_one` once the claim was read (``claim``: as read, or the error
+        reading it raised) and if the call's budget is left."""
         if isinstance(claim, Exception):
             raise claim
         _check_budget(call, "preparing", ref)
@@ -368,14 +369,12 @@ class Driver:
     def _prepare_one(
         self,
         ref: ClaimRef,
-        claim: Mapping[str, Any] | Exception,
+        claim: Mapping[str, Any],
         table: Mapping[str, FractionDevice],
         prepared: dict[str, ClaimPlan],
     ) -> PrepareOutcome:
-        """Prepare one claim (``claim``: as read, or the error reading it raised); ``prepared``
-        (plans by claim UID) and the in-memory checkpoint gain it on success."""
-        if isinstance(claim, Exception):
-            raise claim
+        """Prepare one claim as read; ``prepared`` (plans by claim UID) and the in-memory
+        checkpoint gain it on success."""
         plan = plan_claim(ref, claim, self.driver_name, self.pool, table)
         problem = overcommit_error(plan, (p for u, p in prepared.items() if u != ref.uid))
         if problem:

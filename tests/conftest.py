@@ -18,6 +18,7 @@ from dra_driver._proto import (
     registration_pb2,
     registration_pb2_grpc,
 )
+from dra_driver.budget import STARTUP_BUDGET_S
 from dra_driver.claims import ApiClaimReader
 from dra_driver.config import NodeConfig, load_node_config, parse_node_config
 from dra_driver.devicehealth import device_health
@@ -26,7 +27,7 @@ from dra_driver.gpus import SimulatedGpuSource, simnode
 from dra_driver.kubelet.health import DeviceStatus
 from dra_driver.kubelet.server import PluginServer, SocketPaths
 from dra_driver.locking import PrepareLock
-from dra_driver.mps import RecordingEnforcer
+from dra_driver.mps import FractionEnforcer, RecordingEnforcer
 from dra_driver.slices import FractionDevice, plan_devices
 from tests.apiserver_stub import ClaimServer
 from tests.nodedirs import NodeDirs
@@ -64,18 +65,25 @@ class Node(NodeDirs):
         """What the plugin reports: devices that vanished from ``devices`` are unhealthy."""
         return device_health(self.devices, self.seen, self.unhealthy_gpus)
 
-    def driver(self, boot_id: str = "boot-1") -> Driver:
+    def driver(
+        self,
+        boot_id: str = "boot-1",
+        enforcer: FractionEnforcer | None = None,
+        startup_budget: float = STARTUP_BUDGET_S,
+    ) -> Driver:
+        """A started Driver for this node (its own enforcer unless one is given)."""
         d = Driver(
             driver_name=DEFAULT_DRIVER_NAME,
             pool=NODE,
             reader=ApiClaimReader(self.claims.api_client()),
             devices=lambda: self.devices,
-            enforcer=self.enforcer,
+            enforcer=enforcer or self.enforcer,
             cdi_root=self.cdi_root,
             state_dir=self.state_dir,
             lock=PrepareLock(self.plugin_dir / DEFAULT_DRIVER_NAME / "prepare.lock"),
             boot_id=boot_id,
             device_root=self.device_root,
+            startup_budget=startup_budget,
         )
         d.start()
         return d

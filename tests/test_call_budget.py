@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.claims import ApiClaimReader
 from dra_driver.driver import Driver
 from dra_driver.locking import LockTimeout, PrepareLock
 from dra_driver.mps import MpsError
@@ -185,22 +184,7 @@ class MpsNode:
         return MpsEnforcer(self.tiers, self.nvml, self.mps, self.options)
 
     def driver(self, startup_budget: float = 5.0) -> Driver:
-        node = self.node
-        driver = Driver(
-            driver_name=DEFAULT_DRIVER_NAME,
-            pool=NODE,
-            reader=ApiClaimReader(node.claims.api_client()),
-            devices=lambda: node.devices,
-            enforcer=self.enforcer,
-            cdi_root=node.cdi_root,
-            state_dir=node.state_dir,
-            lock=PrepareLock(node.plugin_dir / DEFAULT_DRIVER_NAME / "prepare.lock"),
-            boot_id="boot-1",
-            startup_budget=startup_budget,
-            device_root=node.device_root,
-        )
-        driver.start()
-        return driver
+        return self.node.driver(enforcer=self.enforcer, startup_budget=startup_budget)
 
     def pipe(self, mode: str) -> Path:
         return self.node.root / "run" / "mps" / mode / "pipe"
