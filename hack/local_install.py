@@ -55,6 +55,17 @@ def local_values(cluster_dir: Path) -> dict[str, Any]:
     }
 
 
+def ensure_helm() -> None:
+    """Build helm from its Go module if it is missing or stale (hack/build-k8s; a no-op when
+    current).
+
+    Raises:
+        RuntimeError: when the build fails.
+    """
+    if subprocess.run([str(HACK / "build-k8s"), "helm"]).returncode != 0:
+        raise RuntimeError("hack/build-k8s helm failed (see above)")
+
+
 def helm(kubeconfig: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run the locally built helm against ``kubeconfig``.
 
@@ -73,7 +84,9 @@ def helm(kubeconfig: Path, *args: str, check: bool = True) -> subprocess.Complet
 
 
 def install(kubeconfig: Path, release: str, namespace: str, values_file: Path, *extra: str) -> None:
-    """``helm upgrade --install`` of the chart with ``values_file`` (create the namespace)."""
+    """``helm upgrade --install`` of the chart with ``values_file`` (create the namespace);
+    builds helm first when needed."""
+    ensure_helm()
     helm(kubeconfig, "upgrade", "--install", release, str(CHART), "--namespace", namespace,
          "--create-namespace", "-f", str(values_file), *extra)  # fmt: skip
 
