@@ -135,6 +135,26 @@ def test_plugin_stops_cleanly_on_sigterm() -> None:
         assert "plugin stopped; sockets removed" in stderr
 
 
+def _prepare_over_socket(paths: SocketPaths, meta: dict[str, str]) -> None:
+    """NodePrepareResources (v1) of one claim over the plugin's socket, as the kubelet calls
+    it; the claim must be prepared."""
+    kubelet = kubelet_connect(paths)
+    try:
+        reply = kubelet.v1.NodePrepareResources(
+            dra_v1_pb2.NodePrepareResourcesRequest(
+                claims=[
+                    dra_v1_pb2.Claim(
+                        namespace=meta["namespace"], name=meta["name"], uid=meta["uid"]
+                    )
+                ]
+            ),
+            timeout=45,
+        )
+    finally:
+        kubelet.channel.close()
+    assert reply.claims[meta["uid"]].error == ""
+
+
 def test_metrics_scraped_from_running_plugin() -> None:
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="drac-") as tmp, ClaimServer() as api:
@@ -143,17 +163,7 @@ def test_metrics_scraped_from_running_plugin() -> None:
         m = claim["metadata"]
         proc, paths = _start_plugin(tmp, api, f"--metrics-port={port}")
         try:
-            kubelet = kubelet_connect(paths)
-            reply = kubelet.v1.NodePrepareResources(
-                dra_v1_pb2.NodePrepareResourcesRequest(
-                    claims=[
-                        dra_v1_pb2.Claim(namespace=m["namespace"], name=m["name"], uid=m["uid"])
-                    ]
-                ),
-                timeout=45,
-            )
-            assert reply.claims[m["uid"]].error == ""
-            kubelet.channel.close()
+            _prepare_over_socket(paths, m)
             text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
         finally:
             _stop(proc)
@@ -264,17 +274,7 @@ def test_plugin_modes_do_not_depend_on_the_umask() -> None:
         finally:
             os.umask(old)
         try:
-            kubelet = kubelet_connect(paths)
-            reply = kubelet.v1.NodePrepareResources(
-                dra_v1_pb2.NodePrepareResourcesRequest(
-                    claims=[
-                        dra_v1_pb2.Claim(namespace=m["namespace"], name=m["name"], uid=m["uid"])
-                    ]
-                ),
-                timeout=45,
-            )
-            assert reply.claims[m["uid"]].error == ""
-            kubelet.channel.close()
+            _prepare_over_socket(paths, m)
             sockets = {p: _mode(p) for p in (paths.dra, paths.registration)}
         finally:
             _stop(proc)
