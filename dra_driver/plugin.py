@@ -24,7 +24,7 @@ from dra_driver.checkpoint import read_boot_id
 from dra_driver.claims import ApiClaimReader
 from dra_driver.config import NodeConfig, load_node_config, warn_unmatched_selectors
 from dra_driver.devicehealth import device_health
-from dra_driver.driver import Driver
+from dra_driver.driver import CLAIM_READERS, Driver
 from dra_driver.enforcement import EnforcementReport, detect_enforcement
 from dra_driver.gpus import GpuSource, Inventory, open_source, simnode
 from dra_driver.kubelet.health import DeviceStatus
@@ -134,12 +134,18 @@ def check_mps(
 
 
 def api_client(kubeconfig: str | None) -> k8s.ApiClient:
-    """An API client from ``kubeconfig``, or in-cluster config when None."""
+    """An API client from ``kubeconfig``, or in-cluster config when None.
+
+    Its connection pool holds one connection per claim-reader thread (``CLAIM_READERS``):
+    with urllib3's default of 10, every batch opened and discarded the rest.
+    """
+    cfg = k8s.Configuration()
     if kubeconfig:
-        made: k8s.ApiClient = k8s_config.new_client_from_config(config_file=kubeconfig)
-        return made
-    k8s_config.load_incluster_config()
-    return k8s.ApiClient()
+        k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    else:
+        k8s_config.load_incluster_config(client_configuration=cfg)
+    cfg.connection_pool_maxsize = CLAIM_READERS
+    return k8s.ApiClient(cfg)
 
 
 def read_node_uid(api: k8s.ApiClient, node_name: str) -> str | None:

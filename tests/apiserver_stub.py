@@ -18,6 +18,8 @@ from typing import Any, Self
 
 from kubernetes import client as k8s
 
+from dra_driver.driver import CLAIM_READERS
+
 _CLAIM_PATH = re.compile(r"^/apis/resource\.k8s\.io/v1/namespaces/([^/]+)/resourceclaims/([^/?]+)")
 
 
@@ -87,6 +89,7 @@ class ApiStub:
         """An official client pointed at this stub."""
         cfg = k8s.Configuration()
         cfg.host = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        cfg.connection_pool_maxsize = CLAIM_READERS  # as the plugin's client (plugin.api_client)
         return k8s.ApiClient(cfg)
 
 
