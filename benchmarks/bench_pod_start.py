@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -199,6 +200,7 @@ def main() -> int:
     finally:
         if not args.keep_cluster:
             subprocess.run([*cluster, "down"], env=env, check=False)
+            shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
