@@ -152,13 +152,13 @@ def kubelet_connect(paths: SocketPaths) -> Kubelet:
 
 
 @contextmanager
-def serving(node: Node) -> Iterator[tuple[PluginServer, Kubelet]]:
+def serving(node: Node, health_interval: float = 0.2) -> Iterator[tuple[PluginServer, Kubelet]]:
     """Serve ``node``'s driver over unix sockets and connect a kubelet to it."""
     paths = SocketPaths.for_driver(
         DEFAULT_DRIVER_NAME, str(node.plugin_dir), str(node.registry_dir)
     )
     driver = node.driver()
-    server = PluginServer(driver, paths, node.health, health_interval=0.2)
+    server = PluginServer(driver, paths, node.health, health_interval=health_interval)
     server.start()
     kubelet = kubelet_connect(paths)
     try:

@@ -345,12 +345,7 @@ def test_metrics_bind_address(flags: tuple[str, ...], address: str) -> None:
             _wait_running(proc)
             assert _listening(port) == {address}
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                assert proc.wait(timeout=20) == 0
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
+            _stop(proc)
 
 
 def test_api_client_keeps_a_connection_per_claim_reader(tmp_path: Path) -> None:

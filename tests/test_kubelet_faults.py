@@ -24,9 +24,9 @@ from dra_driver._proto import (
     registration_pb2_grpc,
 )
 from dra_driver.kubelet.health import MAX_HEALTH_STREAMS
-from dra_driver.kubelet.server import PluginServer, SocketPaths
+from dra_driver.kubelet.server import PluginServer
 from tests import claimfactory as cf
-from tests.conftest import NODE, Kubelet, Node, kubelet_connect
+from tests.conftest import NODE, Kubelet, Node, serving
 from tests.test_plugin_grpc import ref
 
 Served = tuple[Node, PluginServer, Kubelet]
@@ -35,17 +35,8 @@ Served = tuple[Node, PluginServer, Kubelet]
 @pytest.fixture
 def slow_health(node: Node) -> Iterator[Served]:
     """The plugin with the production health interval (a stream sleeps 20 s between reports)."""
-    paths = SocketPaths.for_driver(
-        DEFAULT_DRIVER_NAME, str(node.plugin_dir), str(node.registry_dir)
-    )
-    driver = node.driver()
-    server = PluginServer(driver, paths, node.health, health_interval=20.0)
-    server.start()
-    kubelet = kubelet_connect(paths)
-    yield node, server, kubelet
-    kubelet.channel.close()
-    server.stop(grace=0.5)
-    driver.close()
+    with serving(node, health_interval=20.0) as (server, kubelet):
+        yield node, server, kubelet
 
 
 def open_streams(kubelet: Kubelet, count: int) -> tuple[list[Any], list[grpc.RpcError]]:
