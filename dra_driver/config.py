@@ -27,6 +27,7 @@ import structlog
 import yaml
 
 from dra_driver.gpus.model import MIB, Gpu
+from dra_driver.vocabulary import COMPUTE_MODES, FRACTION_MODELS, ComputeMode, FractionModel
 
 API_VERSION = "gpu-fraction.dra.dev/v1alpha1"
 """``apiVersion`` of the node configuration document."""
@@ -34,11 +35,9 @@ API_VERSION = "gpu-fraction.dra.dev/v1alpha1"
 KIND = "NodeConfig"
 """``kind`` of the node configuration document."""
 
-FRACTION_MODELS = ("products", "capacity")
 """How a GPU is published: fixed-size product devices sharing counters, or one device with
 consumable ``memory`` capacity (see ``docs/node-config.md``, "What gets published")."""
 
-COMPUTE_MODES = ("time-slicing", "sm-sharing")
 """Compute mode of a GPU: tenants take turns (time-slicing) or run concurrently under MPS."""
 
 RESERVED_PRODUCT_NAMES = frozenset({"memory"})
@@ -256,8 +255,8 @@ class GpuConfig:
         enabled: False when the configuration withholds the GPU from the driver.
     """
 
-    fraction_model: str = "products"
-    compute_mode: str = "time-slicing"
+    fraction_model: str = FractionModel.PRODUCTS
+    compute_mode: str = ComputeMode.TIME_SLICING
     products: tuple[Product, ...] = DEFAULT_PRODUCTS
     capacity: CapacityPolicy = CapacityPolicy()
     enabled: bool = True
@@ -457,10 +456,12 @@ def _parse(data: object) -> NodeConfig:
         raise ConfigError(f"kind: must be {KIND!r}, got {doc.get('kind')!r}")
     defaults = _mapping(doc.get("defaults", {}), "defaults", {"fractionModel", "computeMode"})
     model = _choice(
-        defaults.get("fractionModel", "products"), FRACTION_MODELS, "defaults.fractionModel"
+        defaults.get("fractionModel", FractionModel.PRODUCTS),
+        FRACTION_MODELS,
+        "defaults.fractionModel",
     )
     mode = _choice(
-        defaults.get("computeMode", "time-slicing"), COMPUTE_MODES, "defaults.computeMode"
+        defaults.get("computeMode", ComputeMode.TIME_SLICING), COMPUTE_MODES, "defaults.computeMode"
     )
     products = _products(doc["products"], "products") if "products" in doc else DEFAULT_PRODUCTS
     capacity: dict[str, int | None] = {

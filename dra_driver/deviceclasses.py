@@ -30,9 +30,10 @@ from typing import Any
 import yaml
 
 from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.config import COMPUTE_MODES, NodeConfig, default_node_config
+from dra_driver.config import NodeConfig, default_node_config
+from dra_driver.vocabulary import COMPUTE_MODES, ComputeMode, FractionModel
 
-DEFAULT_COMPUTE_MODE = "time-slicing"
+DEFAULT_COMPUTE_MODE = ComputeMode.TIME_SLICING
 """The mode whose classes carry no mode suffix (``gpu-quarter``)."""
 
 CAPACITY_CLASS_STEM = "memory"
@@ -57,7 +58,7 @@ def selector_expression(driver: str, compute_mode: str, product: str | None) -> 
     """The CEL expression selecting ``driver``'s devices of ``product`` (None: capacity model)
     in ``compute_mode``."""
     attrs = f'device.attributes["{driver}"]'
-    model = "products" if product is not None else "capacity"
+    model = FractionModel.PRODUCTS if product is not None else FractionModel.CAPACITY
     parts = [
         f'device.driver == "{driver}"',
         f'{attrs}.fractionModel == "{model}"',
@@ -76,8 +77,10 @@ def device_class(driver: str, compute_mode: str, product: str | None) -> dict[st
     """One DeviceClass body (API JSON) for a product (None: the capacity model) and mode."""
     labels = {
         "app.kubernetes.io/part-of": _label_value(driver),
-        f"{driver}/fraction-model": "products" if product is not None else "capacity",
-        f"{driver}/compute-mode": compute_mode,
+        f"{driver}/fraction-model": str(
+            FractionModel.PRODUCTS if product is not None else FractionModel.CAPACITY
+        ),
+        f"{driver}/compute-mode": str(compute_mode),
     }
     if product is not None:
         labels[f"{driver}/product"] = product

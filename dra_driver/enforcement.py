@@ -39,10 +39,10 @@ from dra_driver.gpus import Gpu, Inventory, pre_volta_reason
 from dra_driver.mps.control import CONTROL_BINARY
 from dra_driver.mps.hooks import CTK_HOOK_PATH
 from dra_driver.runner import RC_NOT_EXECUTABLE, RC_NOT_FOUND, Runner, SubprocessRunner
+from dra_driver.vocabulary import Tier
 
 log = structlog.get_logger(__name__)
 
-TIERS = ("hard", "cooperative", "none")
 """Tier names, strongest first (the slice attribute values)."""
 MPS_PROTOCOLS = ("v3", "v2", "absent")
 """What the MPS probe can find."""
@@ -114,15 +114,17 @@ def decide_tier(facts: GpuFacts) -> TierDecision:
         raise ValueError(f"mps must be one of {MPS_PROTOCOLS}, not {facts.mps!r}")
     if facts.mig_enabled:
         return TierDecision(
-            "none", ("MIG is enabled (MPS fractions and memory limits need MIG off)",)
+            Tier.NONE, ("MIG is enabled (MPS fractions and memory limits need MIG off)",)
         )
     too_old = pre_volta_reason(facts.compute_capability)
     if too_old:
-        return TierDecision("none", (too_old,))
+        return TierDecision(Tier.NONE, (too_old,))
     if facts.mps == "absent":
-        return TierDecision("none", ("nvidia-cuda-mps-control not found",))
+        return TierDecision(Tier.NONE, ("nvidia-cuda-mps-control not found",))
     if facts.mps == "v2":
-        return TierDecision("none", ("only MPS protocol v2 (no namespaces; needs driver r615+)",))
+        return TierDecision(
+            Tier.NONE, ("only MPS protocol v2 (no namespaces; needs driver r615+)",)
+        )
     missing = []
     driver = _version(facts.driver_version)
     if driver is None or driver[: len(HARD_MIN_DRIVER)] < HARD_MIN_DRIVER:
@@ -135,8 +137,8 @@ def decide_tier(facts: GpuFacts) -> TierDecision:
     if not facts.memory_limit_hook:
         missing.append("nvidia-cdi-hook (apply-cuda-memory-limits) not found on the host")
     if missing:
-        return TierDecision("cooperative", tuple(missing))
-    return TierDecision("hard")
+        return TierDecision(Tier.COOPERATIVE, tuple(missing))
+    return TierDecision(Tier.HARD)
 
 
 def probe_mps(runner: Runner, binary: str = CONTROL_BINARY) -> str:

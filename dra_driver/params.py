@@ -27,10 +27,10 @@ from kubernetes.utils import parse_quantity
 
 from dra_driver.apijson import json_kind
 from dra_driver.textlimits import shorten, shown
+from dra_driver.vocabulary import COMPUTE_MODES, ComputeMode
 
 PARAMS_API_VERSION = "gpu-fraction.dra.dev/v1alpha1"
 PARAMS_KIND = "GpuFractionParameters"
-COMPUTE_MODES = ("time-slicing", "sm-sharing")
 """The two compute modes; one GPU carries exactly one of them."""
 
 _FIELDS = {
@@ -164,7 +164,7 @@ def parse_parameters(raw: Any, where: str = "parameters") -> ClaimParameters:
     if pct is not None:
         if isinstance(pct, bool) or not isinstance(pct, int) or not 1 <= pct <= 100:
             raise ParameterError(f"{where}.activeThreadPercentage: {shown(pct)} must be 1..100")
-        if mode == "time-slicing":
+        if mode == ComputeMode.TIME_SLICING:
             raise ParameterError(
                 f"{where}.activeThreadPercentage is only valid with computeMode sm-sharing"
             )

@@ -19,6 +19,7 @@ from dra_driver.ids import DNS_LABEL, DNS_LABEL_RULE, PrepareError, is_dns_label
 from dra_driver.params import ClaimParameters, ParameterError, parse_parameters, quantity_bytes
 from dra_driver.slices import FractionDevice
 from dra_driver.textlimits import shown
+from dra_driver.vocabulary import ComputeMode, FractionModel
 
 __all__ = [
     "ClaimPlan",
@@ -206,7 +207,7 @@ def _plan_device(
 ) -> DevicePlan:
     gpu = fraction.gpu
     where = f"device {fraction.name} (GPU {gpu.index}, {gpu.uuid})"
-    if result.share_id is not None and fraction.fraction_model != "capacity":
+    if result.share_id is not None and fraction.fraction_model != FractionModel.CAPACITY:
         raise PrepareError(
             f"{where} does not allow multiple allocations, yet {result.path}.shareID is "
             f"{shown(result.share_id)}; a shareID is only valid on a shared (capacity-model) "
@@ -217,13 +218,16 @@ def _plan_device(
             f"{where} runs compute mode {fraction.compute_mode}; the claim asks for "
             f"{params.compute_mode}. Use a DeviceClass or selector for {params.compute_mode} GPUs"
         )
-    if params.active_thread_percentage is not None and fraction.compute_mode != "sm-sharing":
+    if (
+        params.active_thread_percentage is not None
+        and fraction.compute_mode != ComputeMode.SM_SHARING
+    ):
         raise PrepareError(
             f"{where}: activeThreadPercentage needs compute mode sm-sharing; "
             f"this GPU runs {fraction.compute_mode}"
         )
     request = fraction.memory_bytes
-    if fraction.fraction_model == "capacity":
+    if fraction.fraction_model == FractionModel.CAPACITY:
         consumed = _consumed_memory(result)
         request = consumed if consumed is not None else fraction.memory_bytes
     card = gpu.memory_bytes

@@ -52,13 +52,13 @@ from dra_driver.config import (
     slots_for,
 )
 from dra_driver.gpus.model import MIB, Gpu, Inventory, pre_volta_reason
+from dra_driver.vocabulary import TIERS, FractionModel, Tier
 
 log = structlog.get_logger(__name__)
 
 RESOURCE_API_VERSION = "resource.k8s.io/v1"
 """API group/version of ResourceSlice and DeviceClass bodies."""
 
-ENFORCEMENT_LEVELS = ("hard", "cooperative", "none")
 """Values of the ``memoryEnforcement`` attribute (see ``docs/enforcement.md``, "Tiers")."""
 
 MAX_DEVICES_PER_SLICE_ADVANCED = 64
@@ -147,7 +147,11 @@ class PlannedGpu:
     @property
     def counter_set(self) -> str | None:
         """Name of the GPU's counter set (products model), else None."""
-        return gpu_counter_set(self.gpu) if self.config.fraction_model == "products" else None
+        return (
+            gpu_counter_set(self.gpu)
+            if self.config.fraction_model == FractionModel.PRODUCTS
+            else None
+        )
 
     @property
     def total_slots(self) -> int:
@@ -228,7 +232,7 @@ def plan(inventory: Inventory, config: NodeConfig) -> Plan:
         if not cfg.enabled:
             excluded.append(ExcludedGpu(gpu.index, gpu.uuid, "disabled by node configuration"))
             continue
-        if cfg.fraction_model == "capacity":
+        if cfg.fraction_model == FractionModel.CAPACITY:
             if capacity_request_policy(gpu.memory_bytes, cfg.capacity) is None:
                 reason = "card memory is smaller than capacity.minimum + capacity.step"
                 excluded.append(ExcludedGpu(gpu.index, gpu.uuid, reason))
@@ -236,7 +240,7 @@ def plan(inventory: Inventory, config: NodeConfig) -> Plan:
             device = FractionDevice(
                 name=f"gpu-{gpu.index}",
                 gpu=gpu,
-                fraction_model="capacity",
+                fraction_model=FractionModel.CAPACITY,
                 product=None,
                 portion=None,
                 memory_bytes=gpu.memory_bytes,
@@ -255,7 +259,7 @@ def plan(inventory: Inventory, config: NodeConfig) -> Plan:
                     FractionDevice(
                         name=f"gpu-{gpu.index}-{product.name}-{n}",
                         gpu=gpu,
-                        fraction_model="products",
+                        fraction_model=FractionModel.PRODUCTS,
                         product=product.name,
                         portion=product.portion,
                         memory_bytes=memory,
@@ -335,7 +339,7 @@ def _device_body(device: FractionDevice, planned: PlannedGpu, enforcement: str) 
         "name": device.name,
         "attributes": _device_attributes(device, enforcement),
     }
-    if device.fraction_model == "capacity":
+    if device.fraction_model == FractionModel.CAPACITY:
         policy = capacity_request_policy(device.gpu.memory_bytes, planned.config.capacity)
         assert policy is not None  # plan() excludes GPUs without a valid policy
         body["capacity"] = {
@@ -452,10 +456,8 @@ def build_slices(
     if generation < 0:
         raise ValueError(f"generation {generation} must not be negative")
     for uuid, level in enforcement.items():
-        if level not in ENFORCEMENT_LEVELS:
-            raise ValueError(
-                f"enforcement for {uuid}: {level!r} is not one of {ENFORCEMENT_LEVELS}"
-            )
+        if level not in TIERS:
+            raise ValueError(f"enforcement for {uuid}: {level!r} is not one of {TIERS}")
     result = plan(inventory, config)
     log_exclusions(inventory, result, key=f"{driver}/{node}")
 
@@ -468,7 +470,7 @@ def build_slices(
     # configuration caps a GPU at MAX_DEVICES_PER_GPU = MAX_DEVICES_PER_SLICE_ADVANCED).
     current: list[dict[str, Any]] = []
     for g in result.gpus:
-        level = enforcement.get(g.gpu.uuid, "none")
+        level = enforcement.get(g.gpu.uuid, Tier.NONE)
         bodies = [_device_body(d, g, level) for d in g.devices]
         if current and len(current) + len(bodies) > MAX_DEVICES_PER_SLICE_ADVANCED:
             groups.append(("devices", current))

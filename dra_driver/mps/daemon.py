@@ -30,10 +30,11 @@ from dra_driver.atomicfile import ensure_dir, write_atomic
 from dra_driver.mps.base import MpsError
 from dra_driver.mps.control import CONTROL_BINARY, MpsCommandError, MpsControl, MpsTimeout
 from dra_driver.runner import Runner
+from dra_driver.vocabulary import COMPUTE_MODES, ComputeMode
 
 log = structlog.get_logger(__name__)
 
-MODES = ("time-slicing", "sm-sharing")
+MODES = COMPUTE_MODES
 """Compute modes, each served by its own daemon."""
 
 
@@ -48,7 +49,9 @@ def config_toml(mode: str) -> str:
     if mode not in MODES:
         raise MpsError(f"unknown compute mode {mode!r}")
     share = (
-        'enabled = true\ndefault_socket = "off"\n' if mode == "sm-sharing" else "enabled = false\n"
+        'enabled = true\ndefault_socket = "off"\n'
+        if mode == ComputeMode.SM_SHARING
+        else "enabled = false\n"
     )
     return (
         'schema_version = "1.0"\n\n'

@@ -70,7 +70,6 @@ from dra_driver.mps.nvml import NvmlError, NvmlFacade
 from dra_driver.mps.targets import (
     CONTAINER_PIPE_DIR,
     DEFAULT_ROOT,
-    TIERS,
     FractionTarget,
     MpsOptions,
     check_mode_conflicts,
@@ -87,7 +86,6 @@ from dra_driver.runner import Runner
 __all__ = [
     "CONTAINER_PIPE_DIR",
     "DEFAULT_ROOT",
-    "TIERS",
     "FractionTarget",
     "GpuHealth",
     "MpsEnforcer",

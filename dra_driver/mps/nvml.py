@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-COMPUTE_MODES = ("DEFAULT", "EXCLUSIVE_THREAD", "PROHIBITED", "EXCLUSIVE_PROCESS")
+NVML_COMPUTE_MODES = ("DEFAULT", "EXCLUSIVE_THREAD", "PROHIBITED", "EXCLUSIVE_PROCESS")
 """NVML compute modes by value (``NVML_COMPUTEMODE_*`` = 0, 1, 2, 3)."""
 
 UNLIMITED = 0xFFFFFFFFFFFFFFFF
@@ -51,7 +51,7 @@ class NvmlFacade(Protocol):
         ...
 
     def compute_mode(self, uuid: str) -> str:
-        """The GPU's compute mode, one of :data:`COMPUTE_MODES`."""
+        """The GPU's compute mode, one of :data:`NVML_COMPUTE_MODES`."""
         ...
 
     def set_compute_mode(self, uuid: str, mode: str) -> None:
@@ -118,13 +118,15 @@ class PynvmlFacade:
     def compute_mode(self, uuid: str) -> str:
         """See :meth:`NvmlFacade.compute_mode`."""
         value = int(self._call(self._nv.nvmlDeviceGetComputeMode, self._handle(uuid)))
-        return COMPUTE_MODES[value] if 0 <= value < len(COMPUTE_MODES) else str(value)
+        return NVML_COMPUTE_MODES[value] if 0 <= value < len(NVML_COMPUTE_MODES) else str(value)
 
     def set_compute_mode(self, uuid: str, mode: str) -> None:
         """See :meth:`NvmlFacade.set_compute_mode`."""
-        if mode not in COMPUTE_MODES:
+        if mode not in NVML_COMPUTE_MODES:
             raise NvmlError(f"unknown compute mode {mode!r}")
-        self._call(self._nv.nvmlDeviceSetComputeMode, self._handle(uuid), COMPUTE_MODES.index(mode))
+        self._call(
+            self._nv.nvmlDeviceSetComputeMode, self._handle(uuid), NVML_COMPUTE_MODES.index(mode)
+        )
 
     def cgroup_memory(self, uuid: str, cgroup: str) -> CgroupMemory:
         """See :meth:`NvmlFacade.cgroup_memory`."""

@@ -35,6 +35,7 @@ from dra_driver.mps.targets import (
     plan_targets,
 )
 from dra_driver.prepare import ClaimPlan
+from dra_driver.vocabulary import Tier
 
 __all__ = ["CONTAINER_PIPE_DIR", "RecordingEnforcer"]
 
@@ -70,7 +71,7 @@ class RecordingEnforcer:
         """
         tiers = self.tiers
         if tiers is None:
-            tiers = {d.gpu.uuid: "hard" for d in plan.devices}
+            tiers = {d.gpu.uuid: Tier.HARD for d in plan.devices}
         return plan_targets(plan, tiers, self.options.default_active_thread_percentage)
 
     def apply(self, plan: ClaimPlan) -> Mapping[str, ContainerEdits]:

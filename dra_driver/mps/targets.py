@@ -52,8 +52,8 @@ from dra_driver.mps.names import (
     server_name,
 )
 from dra_driver.prepare import ClaimPlan, ClaimRef
+from dra_driver.vocabulary import TIERS, ComputeMode, Tier
 
-TIERS = ("hard", "cooperative", "none")
 """Enforcement tiers (``memoryEnforcement`` attribute), strongest first."""
 
 DEFAULT_ROOT = "/run/gpu-fraction"
@@ -114,7 +114,9 @@ class MpsOptions:
     def compute_mode_for(self, mode: str) -> str:
         """The NVML compute mode a GPU of ``mode`` runs while it has claims."""
         return (
-            self.sm_sharing_compute_mode if mode == "sm-sharing" else self.time_slicing_compute_mode
+            self.sm_sharing_compute_mode
+            if mode == ComputeMode.SM_SHARING
+            else self.time_slicing_compute_mode
         )
 
 
@@ -170,7 +172,7 @@ class FractionTarget:
     @property
     def uses_mps(self) -> bool:
         """Whether this target has an MPS namespace (tier hard or cooperative)."""
-        return self.tier != "none"
+        return self.tier != Tier.NONE
 
 
 def gpus_text(gpus: Sequence[Gpu]) -> str:
@@ -211,13 +213,13 @@ def plan_targets(
         mode = modes.pop()
         if mode not in MODES:
             raise MpsError(f"{where}: unknown compute mode {mode!r}")
-        tier = tiers.get(uuid, "none")
+        tier = tiers.get(uuid, Tier.NONE)
         if tier not in TIERS:
             raise MpsError(f"{where}: unknown enforcement tier {tier!r}")
         threads_sum = 0
         for d in devs:
             atp = d.active_thread_percentage
-            if atp is not None and mode != "sm-sharing":
+            if atp is not None and mode != ComputeMode.SM_SHARING:
                 raise MpsError(
                     f"{where}: device {d.device} sets activeThreadPercentage on a {mode} GPU; "
                     "only sm-sharing GPUs take an SM ceiling"
@@ -234,10 +236,10 @@ def plan_targets(
             threads_sum += atp if atp is not None else default_threads
         limit = min(sum(d.memory_limit_bytes for d in devs), gpu.memory_bytes)
         request = min(sum(d.memory_request_bytes for d in devs), limit)
-        threads = 100 if mode == "time-slicing" else min(100, threads_sum)
-        if tier == "none" and mode == "sm-sharing":
+        threads = 100 if mode == ComputeMode.TIME_SLICING else min(100, threads_sum)
+        if tier == Tier.NONE and mode == ComputeMode.SM_SHARING:
             raise MpsError(f"{where}: sm-sharing needs MPS, and this GPU has no usable MPS")
-        if tier != "none" and limit < MIB:
+        if tier != Tier.NONE and limit < MIB:
             raise MpsError(f"{where}: memory limit {limit} bytes is below 1 MiB")
         targets.append(
             FractionTarget(
@@ -294,7 +296,7 @@ def _join_gpus(who: str, targets: list[FractionTarget]) -> tuple[FractionTarget,
         "an MPS namespace has one active thread percentage for all its GPUs",
         "Give every device the same activeThreadPercentage, or use one claim per GPU",
     )
-    if targets[0].tier == "hard":
+    if targets[0].tier == Tier.HARD:
         same(
             "memory requests (MiB)",
             lambda t: mib(t.request_bytes),
@@ -355,11 +357,11 @@ def target_edits(
     if not target.uses_mps or pipe_dir is None:
         return ContainerEdits(env=tuple(env))
     head = [f"CUDA_MPS_PIPE_DIRECTORY={CONTAINER_PIPE_DIR}"]
-    if target.mode == "sm-sharing" and target.threads < 100:
+    if target.mode == ComputeMode.SM_SHARING and target.threads < 100:
         head.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={target.threads}")
     env = head + env
     mounts = (Mount(pipe_dir, CONTAINER_PIPE_DIR),)
-    if target.tier != "hard":
+    if target.tier != Tier.HARD:
         return ContainerEdits(env=tuple(env), mounts=mounts)
     env.extend(memory_env(mib(target.request_bytes), mib(target.limit_bytes)))
     hooks = [memory_limit_hook(target.gpu.uuid, options.driver_root, options.ctk_hook_path)]

@@ -21,6 +21,7 @@ from dra_driver.budget import SCRAPE_BUDGET_S, Budget
 from dra_driver.mps.enforcer import MpsEnforcer
 from dra_driver.mps.nvml import NvmlError, NvmlFacade
 from dra_driver.prepare import ClaimPlan
+from dra_driver.vocabulary import Tier
 
 
 class MpsUsageSource:
@@ -49,7 +50,7 @@ class MpsUsageSource:
                 continue
             pids = sorted({c.pid for c in clients.get(key, [])})
             used: int | None = None
-            if t.tier == "hard":
+            if t.tier == Tier.HARD:
                 used = self._cgroup_used(t.claim.uid, t.gpu.uuid)
             if used is None:
                 if t.gpu.uuid not in procs:
