@@ -72,7 +72,7 @@ def serve_plain(socket: str, settings: dict[str, Any], ready: Event, stop: Event
 
 def serve_ours(socket: str, settings: dict[str, Any], ready: Event, stop: Event) -> None:
     from dra_driver import logs
-    from dra_driver.config import load_node_config
+    from dra_driver.configload import load_node_config
     from dra_driver.gpus import SimulatedGpuSource
     from dra_driver.kubelet.server import PluginServer, SocketPaths
     from dra_driver.mps import RecordingEnforcer

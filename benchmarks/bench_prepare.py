@@ -55,7 +55,7 @@ def main() -> int:
     args = parser.parse_args()
     logs.configure("info", "json")  # plugin logs (production level) go to stderr
 
-    from dra_driver.config import load_node_config
+    from dra_driver.configload import load_node_config
     from dra_driver.gpus import SimulatedGpuSource
     from dra_driver.mps import RecordingEnforcer
     from dra_driver.slices import plan_devices

@@ -120,7 +120,7 @@ def main() -> int:
     args = parser.parse_args()
     logs.configure("error", "json")
 
-    from dra_driver.config import load_node_config
+    from dra_driver.configload import load_node_config
     from dra_driver.gpus import SimulatedGpuSource
     from dra_driver.mps import RecordingEnforcer
     from dra_driver.slices import plan_devices

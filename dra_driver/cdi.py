@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.atomicfile import write_atomic
+from dra_driver.errors import ClaimError
 from dra_driver.ids import validate_uid
 from dra_driver.textlimits import shown
 
@@ -29,7 +30,7 @@ _NAME = re.compile(r"[A-Za-z0-9_.:-]+")
 _VENDOR = re.compile(r"[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?")
 
 
-class CdiError(ValueError):
+class CdiError(ClaimError, ValueError):
     """A CDI name or spec that would be invalid."""
 
 

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.atomicfile import write_atomic
+from dra_driver.errors import DriverError, StartupError
 from dra_driver.gpus import Gpu
 from dra_driver.prepare import ClaimPlan, ClaimRef, DevicePlan, plan_to_json
 
@@ -102,17 +103,17 @@ def _value(
     when the default is None).
 
     Raises:
-        ValueError: missing without a default, or of another JSON type.
+        CheckpointFormatError: missing without a default, or of another JSON type.
     """
     if key not in doc:
         if default is _REQUIRED:
-            raise ValueError(f"{where}.{key} is missing")
+            raise CheckpointFormatError(f"{where}.{key} is missing")
         return default
     value = doc[key]
     if value is None and default is None:
         return None
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ValueError(f"{where}.{key} is {type(value).__name__}, not {kind.__name__}")
+        raise CheckpointFormatError(f"{where}.{key} is {type(value).__name__}, not {kind.__name__}")
     return value
 
 
@@ -124,14 +125,14 @@ def _object(doc: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
 def _objects(doc: Mapping[str, Any], key: str, where: str) -> list[Mapping[str, Any]]:
     items: list[Any] = _value(doc, key, list, where)
     if not all(isinstance(i, dict) for i in items):
-        raise ValueError(f"{where}.{key} is not a list of objects")
+        raise CheckpointFormatError(f"{where}.{key} is not a list of objects")
     return items
 
 
 def _strings(doc: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
     items: list[Any] = _value(doc, key, list, where)
     if not all(isinstance(i, str) for i in items):
-        raise ValueError(f"{where}.{key} is not a list of strings")
+        raise CheckpointFormatError(f"{where}.{key} is not a list of strings")
     return tuple(items)
 
 
@@ -207,20 +208,24 @@ def read_record(version: int, uid: str, doc: Mapping[str, Any]) -> ClaimRecord:
     """The record of claim ``uid`` as written in format ``version``, as a :class:`ClaimRecord`.
 
     Raises:
-        ValueError: unknown version, a required field missing or of the wrong JSON type
+        CheckpointFormatError: unknown version, a required field missing or of the wrong JSON type
             (the message names the field, e.g. ``record <uid>.plan.devices[0].gpu.uuid``),
             or a plan for another claim UID.
     """
     reader = _READERS.get(version)
     if reader is None:
-        raise ValueError(f"unsupported version {version!r}")
+        raise CheckpointFormatError(f"unsupported version {version!r}")
     record = reader(doc, f"record {uid}")
     if record.plan.claim.uid != uid:
-        raise ValueError(f"record {uid} holds the plan of claim {record.plan.claim.uid}")
+        raise CheckpointFormatError(f"record {uid} holds the plan of claim {record.plan.claim.uid}")
     return record
 
 
-class CheckpointCorrupt(RuntimeError):
+class CheckpointFormatError(DriverError, ValueError):
+    """The checkpoint's bytes are not a checkpoint this version reads (the message says why)."""
+
+
+class CheckpointCorrupt(StartupError, RuntimeError):
     """The checkpoint could not be trusted; ``kept_at`` is where the bad file was moved."""
 
     def __init__(self, message: str, kept_at: Path) -> None:
@@ -242,23 +247,23 @@ def parse(raw: bytes) -> dict[str, Any]:
     Returns the document (``version``, ``bootId``, ``checksum``, ``claims``).
 
     Raises:
-        ValueError: bad JSON, not an object, a version without a reader, claims not an object
-            of objects, or checksum mismatch.
+        CheckpointFormatError: bad JSON, not an object, a version without a reader, claims
+            not an object of objects, or checksum mismatch.
     """
     try:
         doc = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"not JSON: {exc}") from exc
+        raise CheckpointFormatError(f"not JSON: {exc}") from exc
     if not isinstance(doc, dict):
-        raise ValueError(f"not a JSON object but {type(doc).__name__}")
+        raise CheckpointFormatError(f"not a JSON object but {type(doc).__name__}")
     version = doc.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or version not in _READERS:
-        raise ValueError(f"unsupported version {doc.get('version')!r}")
+        raise CheckpointFormatError(f"unsupported version {doc.get('version')!r}")
     claims = doc.get("claims")
     if not isinstance(claims, dict) or not all(isinstance(r, dict) for r in claims.values()):
-        raise ValueError("claims is not an object of records")
+        raise CheckpointFormatError("claims is not an object of records")
     if _checksum(claims) != doc.get("checksum"):
-        raise ValueError("checksum mismatch")
+        raise CheckpointFormatError("checksum mismatch")
     return doc
 
 
@@ -306,7 +311,7 @@ class Checkpoint:
                 uid: read_record(doc["version"], uid, record)
                 for uid, record in doc["claims"].items()
             }
-        except ValueError as exc:
+        except CheckpointFormatError as exc:
             kept = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
             os.replace(self.path, kept)
             raise CheckpointCorrupt(f"checkpoint {self.path} is corrupt ({exc})", kept) from exc

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from dra_driver import DEFAULT_DRIVER_NAME, logs
 from dra_driver.budget import DEFAULT_CALL_BUDGET_S, KUBELET_CALL_TIMEOUT_S
+from dra_driver.errors import DriverError
 from dra_driver.kubelet.server import DEFAULT_PLUGIN_DIR, DEFAULT_REGISTRY_DIR
 
 DEFAULT_CDI_ROOT = "/var/run/cdi"
@@ -174,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure(args.log_level, args.log_format)
     if args.command == "render-slices":
         from dra_driver.enforcement import detect_enforcement
-        from dra_driver.gpus import GpuSourceError, Inventory
+        from dra_driver.gpus import Inventory
         from dra_driver.slices import render_slices_json
 
         def tiers(inventory: Inventory) -> dict[str, str]:
@@ -183,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         try:
             print(render_slices_json(args.node, args.gpus, args.config, args.driver, tiers))
-        except (ValueError, GpuSourceError, OSError) as exc:
+        except (DriverError, OSError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         return 0
@@ -191,8 +192,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _status(Path(args.state_dir))
     from kubernetes.config import ConfigException
 
-    from dra_driver.gpus import GpuSourceError
-    from dra_driver.mps import MpsError
     from dra_driver.mps.enforcer import MpsOptions
     from dra_driver.plugin import PluginOptions, run
 
@@ -229,14 +228,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return run(options)
-    except (ValueError, GpuSourceError, MpsError, ConfigException, OSError) as exc:
+    except (DriverError, ConfigException, OSError) as exc:
         print(f"error: cannot start the kubelet plugin: {exc}", file=sys.stderr)
         return 2
 
 
 def _status(state_dir: Path) -> int:
     """``dra-driver status``: print the checkpoint read-only; exit 2 when it is unusable."""
-    from dra_driver.checkpoint import parse, read_boot_id
+    from dra_driver.checkpoint import CheckpointFormatError, parse, read_boot_id
 
     if not state_dir.is_dir():
         print(f"error: state directory {state_dir} does not exist", file=sys.stderr)
@@ -247,7 +246,7 @@ def _status(state_dir: Path) -> int:
         return 0
     try:
         doc = parse(path.read_bytes())
-    except (OSError, ValueError) as exc:
+    except (OSError, CheckpointFormatError) as exc:
         print(f"error: checkpoint {path} is unusable: {exc}", file=sys.stderr)
         return 2
     current = doc.get("bootId") == read_boot_id()

@@ -31,6 +31,7 @@ import yaml
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.config import NodeConfig, default_node_config
+from dra_driver.errors import UsageError
 from dra_driver.vocabulary import COMPUTE_MODES, ComputeMode, FractionModel
 
 DEFAULT_COMPUTE_MODE = ComputeMode.TIME_SLICING
@@ -110,12 +111,12 @@ def build_device_classes(
     class that matches no device is harmless.
 
     Raises:
-        ValueError: for an unknown compute mode.
+        UsageError: for an unknown compute mode.
     """
     config = config if config is not None else default_node_config()
     for mode in compute_modes:
         if mode not in COMPUTE_MODES:
-            raise ValueError(f"unknown compute mode {mode!r}; known: {', '.join(COMPUTE_MODES)}")
+            raise UsageError(f"unknown compute mode {mode!r}; known: {', '.join(COMPUTE_MODES)}")
     classes = [
         device_class(driver, mode, product.name)
         for product in config.all_products()
@@ -146,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Returns 0, or 1 when ``--check`` finds the directory out of date.
     """
-    from dra_driver.config import load_node_config
+    from dra_driver.configload import load_node_config
 
     parser = argparse.ArgumentParser(prog="python -m dra_driver.deviceclasses")
     parser.add_argument("--config", help="node configuration file (default: built-in defaults)")

@@ -40,10 +40,11 @@ from dra_driver.budget import DEFAULT_CALL_BUDGET_S, STARTUP_BUDGET_S, Budget
 from dra_driver.checkpoint import Checkpoint, CheckpointCorrupt, ClaimRecord, PreparedDevice
 from dra_driver.claims import ClaimReader, ClaimReadTimeout
 from dra_driver.devicenodes import check_device_nodes
+from dra_driver.errors import ClaimError
 from dra_driver.ids import validate_claim_name
 from dra_driver.locking import LockTimeout, PrepareLock
 from dra_driver.metrics import Metrics
-from dra_driver.mps import FractionEnforcer, MpsError
+from dra_driver.mps import FractionEnforcer
 from dra_driver.podclaims import PodClaims
 from dra_driver.prepare import (
     ClaimPlan,
@@ -57,7 +58,9 @@ from dra_driver.slices import FractionDevice
 
 log = structlog.get_logger(__name__)
 
-_CLAIM_ERRORS = (PrepareError, MpsError, cdi.CdiError, OSError)
+_CLAIM_ERRORS = (ClaimError, OSError)
+"""Errors that fail one claim with their message; anything else is a bug (logged with its
+traceback, reported as an internal error)."""
 CLAIM_READERS = 32
 """Claims read from the API server at once (over all calls); more wait for a free reader."""
 CLAIM_READ_SHARE = 0.5

@@ -25,3 +25,8 @@ class ClaimError(DriverError):
 
 class StartupError(DriverError):
     """Start-up or a command cannot go on; ``str(error)`` is one line for the operator."""
+
+
+class UsageError(StartupError, ValueError):
+    """A flag or argument that cannot work (a node name that is no DNS subdomain, a socket
+    path over the kernel's limit); the message names it and what to change."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from dra_driver.errors import ClaimError
 from dra_driver.textlimits import shown
 
 _UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -14,7 +15,7 @@ _DNS_SUBDOMAIN_MAX = 253
 DNS_LABEL_RULE = "1-63 characters of a-z, 0-9 and '-', starting and ending with a letter or digit"
 
 
-class PrepareError(ValueError):
+class PrepareError(ClaimError, ValueError):
     """One claim cannot be prepared; the message tells the user what to change."""
 
 

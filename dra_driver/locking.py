@@ -19,12 +19,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from dra_driver.atomicfile import ensure_dir
+from dra_driver.errors import ClaimError
 
 POLL_INTERVAL_S = 0.01
 """Seconds between two tries of the file lock while waiting with a timeout."""
 
 
-class LockTimeout(TimeoutError):
+class LockTimeout(ClaimError, TimeoutError):
     """The lock was not obtained within the caller's timeout (another call or instance holds
     it)."""
 

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, fields, replace
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
-from kubernetes.utils import parse_quantity
-
 from dra_driver.apijson import json_kind
+from dra_driver.errors import ClaimError
+from dra_driver.quantities import QuantityError, quantity_decimal
 from dra_driver.textlimits import shorten, shown
 from dra_driver.vocabulary import COMPUTE_MODES, ComputeMode
 
@@ -49,7 +49,7 @@ _DECIMAL = re.compile(r"^[0-9]*\.?[0-9]+$")
 """Plain decimal notation, as the claim-parameters admission policy accepts it."""
 
 
-class ParameterError(ValueError):
+class ParameterError(ClaimError, ValueError):
     """Invalid claim parameters; the message names the field and how to fix it."""
 
 
@@ -101,8 +101,8 @@ def quantity_bytes(value: Any, where: str) -> int:
             f"{where}: {shown(value)} must be a Kubernetes quantity (e.g. 60Gi, 512Mi)"
         )
     try:
-        q = parse_quantity(value)
-    except (ValueError, TypeError, InvalidOperation) as exc:
+        q = Decimal(value) if isinstance(value, int) else quantity_decimal(value)
+    except QuantityError as exc:
         raise ParameterError(
             f"{where}: {shown(value)} is not a Kubernetes quantity (e.g. 60Gi, 512Mi)"
         ) from exc

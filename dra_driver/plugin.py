@@ -22,7 +22,8 @@ from dra_driver.atomicfile import ensure_dir
 from dra_driver.budget import DEFAULT_CALL_BUDGET_S, HEALTH_CHECK_BUDGET_S, Budget
 from dra_driver.checkpoint import read_boot_id
 from dra_driver.claims import ApiClaimReader
-from dra_driver.config import NodeConfig, load_node_config, warn_unmatched_selectors
+from dra_driver.config import NodeConfig, warn_unmatched_selectors
+from dra_driver.configload import load_node_config
 from dra_driver.devicehealth import device_health
 from dra_driver.driver import CLAIM_READERS, Driver
 from dra_driver.enforcement import EnforcementReport, detect_enforcement

@@ -13,10 +13,10 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from dra_driver.apijson import Field
-from dra_driver.config import canonical_quantity
 from dra_driver.gpus import Gpu
 from dra_driver.ids import DNS_LABEL, DNS_LABEL_RULE, PrepareError, is_dns_label, validate_uid
-from dra_driver.params import ClaimParameters, ParameterError, parse_parameters, quantity_bytes
+from dra_driver.params import ClaimParameters, parse_parameters, quantity_bytes
+from dra_driver.quantities import canonical_quantity
 from dra_driver.slices import FractionDevice
 from dra_driver.textlimits import shown
 from dra_driver.vocabulary import ComputeMode, FractionModel
@@ -194,10 +194,7 @@ def _allocation(
 def _consumed_memory(result: AllocationResult) -> int | None:
     if result.consumed_memory is None:
         return None
-    try:
-        return quantity_bytes(result.consumed_memory, f"{result.path}.consumedCapacity.memory")
-    except ParameterError as exc:
-        raise PrepareError(str(exc)) from exc
+    return quantity_bytes(result.consumed_memory, f"{result.path}.consumedCapacity.memory")
 
 
 def _plan_device(
@@ -348,10 +345,7 @@ def plan_claim(
                 f"device {shown(result.device)} is not on this node any more (GPU removed or "
                 "reconfigured)"
             )
-        try:
-            params = _parameters_for(configs, result.request)
-        except ParameterError as exc:
-            raise PrepareError(str(exc)) from exc
+        params = _parameters_for(configs, result.request)
         plan = _plan_device(result, fraction, params)
         key = (plan.device, plan.share_id)
         if key in plans:

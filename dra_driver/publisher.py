@@ -35,7 +35,8 @@ from typing import Any, Protocol
 import structlog
 from kubernetes import watch as k8s_watch
 
-from dra_driver.config import quantity_value
+from dra_driver.errors import DriverError
+from dra_driver.quantities import quantity_value
 
 log = structlog.get_logger(__name__)
 
@@ -63,7 +64,7 @@ class ResourceSliceApi(Protocol):
         ...
 
 
-class PublishError(RuntimeError):
+class PublishError(DriverError, RuntimeError):
     """Publishing failed: a non-retryable API error, or retries exhausted (``__cause__``)."""
 
 

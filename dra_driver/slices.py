@@ -43,15 +43,11 @@ from typing import Any
 
 import structlog
 
-from dra_driver.config import (
-    CapacityPolicy,
-    GpuConfig,
-    NodeConfig,
-    canonical_quantity,
-    load_node_config,
-    slots_for,
-)
+from dra_driver.config import CapacityPolicy, GpuConfig, NodeConfig, slots_for
+from dra_driver.configload import load_node_config
+from dra_driver.errors import UsageError
 from dra_driver.gpus.model import MIB, Gpu, Inventory, pre_volta_reason
+from dra_driver.quantities import canonical_quantity
 from dra_driver.vocabulary import TIERS, FractionModel, Tier
 
 log = structlog.get_logger(__name__)
@@ -394,9 +390,9 @@ def _label_value(text: str) -> str:
 
 def _check_names(node: str, driver: str) -> None:
     if len(node) > MAX_SLICE_NAME_LENGTH or not _DNS_SUBDOMAIN.match(node):
-        raise ValueError(f"node name {node!r} is not a DNS subdomain (lower case, <= 253 chars)")
+        raise UsageError(f"node name {node!r} is not a DNS subdomain (lower case, <= 253 chars)")
     if len(driver) > 63 or not _DNS_SUBDOMAIN.match(driver):
-        raise ValueError(f"driver name {driver!r} must be a DNS subdomain of at most 63 chars")
+        raise UsageError(f"driver name {driver!r} must be a DNS subdomain of at most 63 chars")
 
 
 _last_reported: dict[str, tuple[object, ...]] = {}

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from dra_driver.errors import UsageError
 from dra_driver.kubelet.server import SocketPaths
 from dra_driver.mps.daemon import MODES, daemon_pipe_dir
 from dra_driver.mps.names import (
@@ -62,13 +63,13 @@ def check_socket_paths(plugin: SocketPaths, mps: MpsOptions, gpu_indexes: Iterab
     """Refuse a configuration in which some socket path would exceed :data:`SUN_PATH_MAX`.
 
     Raises:
-        ValueError: one line naming the longest such path, its length, the limit and the
+        UsageError: one line naming the longest such path, its length, the limit and the
             flag to shorten.
     """
     path, flag = max(socket_paths(plugin, mps, gpu_indexes), key=lambda p: len(p[0].encode()))
     size = len(path.encode())
     if size > SUN_PATH_MAX:
-        raise ValueError(
+        raise UsageError(
             f"unix socket path {path} would be {size} bytes; the kernel allows {SUN_PATH_MAX} "
             f"(sun_path is 108 bytes with the NUL): shorten {flag}"
         )

@@ -20,7 +20,8 @@ from dra_driver._proto import (
 )
 from dra_driver.budget import STARTUP_BUDGET_S
 from dra_driver.claims import ApiClaimReader
-from dra_driver.config import NodeConfig, load_node_config, parse_node_config
+from dra_driver.config import NodeConfig
+from dra_driver.configload import load_node_config, parse_node_config
 from dra_driver.devicehealth import device_health
 from dra_driver.driver import Driver
 from dra_driver.gpus import SimulatedGpuSource, simnode

@@ -17,7 +17,7 @@ import pytest
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver._proto import dra_v1_pb2
-from dra_driver.config import parse_node_config
+from dra_driver.configload import parse_node_config
 from dra_driver.mps import RecordingEnforcer
 from dra_driver.mps.targets import MpsOptions
 from dra_driver.params import PARAMS_API_VERSION, PARAMS_KIND

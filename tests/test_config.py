@@ -15,20 +15,16 @@ from hypothesis import strategies as st
 from dra_driver.config import (
     API_VERSION,
     DEFAULT_PRODUCTS,
-    ConfigError,
     GpuConfig,
     GpuSelector,
     NodeConfig,
     Product,
-    canonical_quantity,
-    load_node_config,
-    parse_bytes,
-    parse_node_config_text,
-    quantity_value,
     slots_for,
     warn_unmatched_selectors,
 )
+from dra_driver.configload import ConfigError, load_node_config, parse_bytes, parse_node_config_text
 from dra_driver.gpus import MIB, Gpu, SimulatedGpuSource
+from dra_driver.quantities import canonical_quantity, quantity_value
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "manifests" / "node-config.example.yaml"

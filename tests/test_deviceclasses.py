@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.config import GpuOverride, GpuSelector, NodeConfig, load_node_config
+from dra_driver.config import GpuOverride, GpuSelector, NodeConfig
+from dra_driver.configload import load_node_config
 from dra_driver.deviceclasses import (
     build_device_classes,
     default_device_class_files,

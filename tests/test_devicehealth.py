@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dra_driver.config import load_node_config
+from dra_driver.configload import load_node_config
 from dra_driver.devicehealth import device_health
 from dra_driver.gpus import SimulatedGpuSource
 from dra_driver.slices import plan_devices

@@ -37,7 +37,8 @@ if __name__ == "__main__":  # run as a script: make `dra_driver` importable
 
 from dra_driver import DEFAULT_DRIVER_NAME  # noqa: E402
 from dra_driver.cli import _parser  # noqa: E402
-from dra_driver.config import default_node_config, load_node_config, parse_node_config_text  # noqa: E402
+from dra_driver.config import default_node_config  # noqa: E402
+from dra_driver.configload import load_node_config, parse_node_config_text  # noqa: E402
 from dra_driver.deviceclasses import build_device_classes  # noqa: E402
 from dra_driver.params import ParameterError, parse_parameters  # noqa: E402
 

@@ -22,11 +22,11 @@ from dra_driver.config import (
     GpuSelector,
     NodeConfig,
     Product,
-    parse_node_config,
-    quantity_value,
 )
+from dra_driver.configload import parse_node_config
 from dra_driver.gpus import MIB, Inventory, SimulatedGpuSource, SkippedGpu
 from dra_driver.gpus.simulated import PROFILES
+from dra_driver.quantities import quantity_value
 from dra_driver.slices import (
     PCI_BUS_ID_ATTRIBUTE,
     build_slices,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from dra_driver.errors import StartupError
+
 MIB = 1024 * 1024
 """Bytes in one MiB."""
 
@@ -109,5 +111,5 @@ class GpuSource(Protocol):
         ...
 
 
-class GpuSourceError(RuntimeError):
+class GpuSourceError(StartupError, RuntimeError):
     """The GPU source as a whole is unusable (e.g. NVML cannot be initialised)."""

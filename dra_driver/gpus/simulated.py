@@ -19,6 +19,7 @@ import uuid as uuidlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from dra_driver.errors import StartupError
 from dra_driver.gpus.model import MIB, Gpu, Inventory
 
 DEFAULT_DRIVER_VERSION = "615.71.09"
@@ -80,7 +81,7 @@ _CUDA_FOR_DRIVER = ((615, "13.4"), (580, "13.0"), (570, "12.8"), (550, "12.4"), 
 _PART = re.compile(r"^(?P<model>[A-Za-z0-9-]+?)x(?P<count>[0-9]+)$")
 
 
-class SimulatedSpecError(ValueError):
+class SimulatedSpecError(StartupError, ValueError):
     """A ``simulated:`` spec that cannot be parsed; the message says what is wrong."""
 
 

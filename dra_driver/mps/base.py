@@ -6,10 +6,11 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from dra_driver.cdi import ContainerEdits
+from dra_driver.errors import ClaimError
 from dra_driver.prepare import ClaimPlan
 
 
-class MpsError(RuntimeError):
+class MpsError(ClaimError, RuntimeError):
     """Enforcement failed for one claim (daemon down, command refused); message is user-facing."""
 
 

@@ -12,6 +12,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from dra_driver.errors import ClaimError
+
 NVML_COMPUTE_MODES = ("DEFAULT", "EXCLUSIVE_THREAD", "PROHIBITED", "EXCLUSIVE_PROCESS")
 """NVML compute modes by value (``NVML_COMPUTEMODE_*`` = 0, 1, 2, 3)."""
 
@@ -19,7 +21,7 @@ UNLIMITED = 0xFFFFFFFFFFFFFFFF
 """``NVML_DEVICE_MEMORY_LIMIT_MAX``: "no hard limit" in per-cgroup memory limits."""
 
 
-class NvmlError(RuntimeError):
+class NvmlError(ClaimError, RuntimeError):
     """An NVML call failed (message includes the NVML error text)."""
 
 
