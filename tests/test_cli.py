@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver._proto import dra_v1_pb2
+from dra_driver.cli import _parser
 from dra_driver.gpus import MIB, SimulatedGpuSource
 from dra_driver.kubelet.server import SocketPaths
 from dra_driver.prepare import ClaimRef
@@ -359,3 +361,29 @@ def test_api_client_keeps_a_connection_per_claim_reader(tmp_path: Path) -> None:
     api = api_client(str(kubeconfig))
     assert api.configuration.connection_pool_maxsize >= CLAIM_READERS
     assert api.rest_client.pool_manager.connection_pool_kw["maxsize"] >= CLAIM_READERS
+
+
+def test_every_option_has_help_and_shows_its_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--help`` of every subcommand describes every option, and an option with a default
+    names it (the README says every flag is described there)."""
+    for env in ("DRA_DRIVER_NAME", "NODE_NAME", "GPUS", "KUBECONFIG", "POD_UID"):
+        monkeypatch.delenv(env, raising=False)
+
+    def shown(default: object) -> str:
+        return f"{default:g}" if isinstance(default, float) else str(default)
+
+    parser = _parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    problems = []
+    for command, p in sub.choices.items():
+        formatter = p._get_formatter()
+        for action in p._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            flag = f"{command} {action.option_strings[0]}"
+            text = formatter._expand_help(action) if action.help else ""
+            if not text.strip():
+                problems.append(f"{flag}: no help text")
+            elif action.default not in (None, "") and shown(action.default) not in text:
+                problems.append(f"{flag}: help does not name the default {action.default!r}")
+    assert problems == [], "\n".join(problems)
