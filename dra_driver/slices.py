@@ -50,6 +50,7 @@ from dra_driver.config import (
     canonical_quantity,
     load_node_config,
     slots_for,
+    warn_unmatched_selectors,
 )
 from dra_driver.gpus.model import MIB, Gpu, Inventory, pre_volta_reason
 
@@ -521,7 +522,9 @@ def render_slices_json(
 
     ``gpus_spec`` is a ``--gpus`` value (``nvml`` or ``simulated:H200x8``; simulated UUIDs are
     seeded with the node name, as in the plugin). ``tiers`` maps the discovered inventory to
-    each GPU's memory-enforcement tier (as the plugin detects it; default: none). No trailing
+    each GPU's memory-enforcement tier (as the plugin detects it; default: none). A ``gpus[]``
+    entry of the configuration that matches no discovered GPU is logged as a warning, as the
+    plugin logs it at start (:func:`~dra_driver.config.warn_unmatched_selectors`). No trailing
     newline (``print`` adds one).
 
     Raises:
@@ -534,6 +537,7 @@ def render_slices_json(
 
     config = load_node_config(config_path)
     inventory = open_source(gpus_spec, seed=node).discover()
+    warn_unmatched_selectors(config, inventory.gpus, source=config_path)
     enforcement = tiers(inventory) if tiers else _NO_ENFORCEMENT
     slices = build_slices(inventory, config, driver, node, enforcement=enforcement)
     return json.dumps(slices, indent=2)

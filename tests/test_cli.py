@@ -387,3 +387,25 @@ def test_every_option_has_help_and_shows_its_default(monkeypatch: pytest.MonkeyP
             elif action.default not in (None, "") and shown(action.default) not in text:
                 problems.append(f"{flag}: help does not name the default {action.default!r}")
     assert problems == [], "\n".join(problems)
+
+
+def test_render_slices_warns_about_a_selector_matching_no_gpu(tmp_path: Path) -> None:
+    """The admin guide's configuration check shows a mistyped UUID, as the plugin's log does."""
+    config = tmp_path / "node.yaml"
+    config.write_text(
+        "apiVersion: gpu-fraction.dra.dev/v1alpha1\nkind: NodeConfig\ngpus:\n"
+        "  - selector: {index: 0}\n    computeMode: sm-sharing\n"
+        "  - selector: {uuid: GPU-00000000-typo}\n    enabled: false\n"
+    )
+    out = subprocess.run(
+        [*CLI, "render-slices", "--node", "n1", "--gpus", "simulated:H200x2"]
+        + ["--config", str(config)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(out.stdout)
+    logged = [json.loads(line) for line in out.stderr.splitlines()]
+    [warning] = [entry for entry in logged if entry["level"] == "warning"]
+    assert warning["entry"] == "gpus[1]" and warning["node_config"] == str(config)
+    assert "GPU-00000000-typo" in warning["detail"] and "matches no GPU" in warning["detail"]
