@@ -31,7 +31,7 @@ from dra_driver.config import (
 from dra_driver.gpus import MIB, Gpu, SimulatedGpuSource
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = ROOT / "manifests" / "node-config.example.yaml"
+EXAMPLE = ROOT / "docs" / "examples" / "node-config.example.yaml"
 GIB = 1024 * MIB
 HEAD = f"apiVersion: {API_VERSION}\nkind: NodeConfig\n"
 
