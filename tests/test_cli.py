@@ -409,3 +409,33 @@ def test_render_slices_warns_about_a_selector_matching_no_gpu(tmp_path: Path) ->
     [warning] = [entry for entry in logged if entry["level"] == "warning"]
     assert warning["entry"] == "gpus[1]" and warning["node_config"] == str(config)
     assert "GPU-00000000-typo" in warning["detail"] and "matches no GPU" in warning["detail"]
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (None, "no such file"),
+        ("", "empty"),
+        ("a: [\n", "not YAML"),
+        ("just text\n", "not a kubeconfig"),
+        ("a: b\n", "Expected key current-context"),
+    ],
+)
+def test_bad_kubeconfig_is_named_with_what_to_do(content: str | None, reason: str) -> None:
+    with tempfile.TemporaryDirectory(prefix="drac-") as tmp:
+        kubeconfig = Path(tmp) / "kubeconfig"
+        if content is not None:
+            kubeconfig.write_text(content)
+        dirs = [f"--{flag}={tmp}/{flag}" for flag in ("plugin-dir", "registry-dir", "cdi-root")]
+        out = subprocess.run(
+            [*CLI, "kubelet-plugin", "--node-name=n1", "--gpus=simulated:H200x1", *dirs]
+            + [f"--kubeconfig={kubeconfig}", f"--state-dir={tmp}/s", f"--mps-root={tmp}/run"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert out.returncode == 2
+    [error] = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert f"kubeconfig {kubeconfig}: " in error and reason in error
+    assert "--kubeconfig" in error and "KUBECONFIG" in error
+    assert "Traceback" not in out.stderr
