@@ -317,6 +317,7 @@ def _device_attributes(device: FractionDevice, enforcement: str) -> dict[str, An
         "architecture": _string(gpu.architecture),
         "computeCapability": _version_or_string(gpu.compute_capability),
         "driverVersion": _version_or_string(gpu.driver_version),
+        "driverVersionString": _string(gpu.driver_version),
         "cudaDriverVersion": _version_or_string(gpu.cuda_driver_version),
         "gpuMemory": {"int": gpu.memory_bytes},
         "smCount": {"int": gpu.sm_count},
