@@ -18,7 +18,18 @@ demo: $(STAMP)
 	hack/install-node-prereqs
 	$(PY) hack/demo
 
-test: lint unit e2e
+TEST_TARGETS := lint unit e2e
+
+# Runs every tier even when one fails (a unit failure must not hide the e2e results), prints
+# one result line per tier at the end and fails if any tier failed.
+test:
+	@status=0; summary=""; \
+	for t in $(TEST_TARGETS); do \
+		if $(MAKE) --no-print-directory $$t; then r=passed; else r=FAILED; status=1; fi; \
+		summary="$$summary make test: $$t $$r\n"; \
+	done; \
+	printf "$$summary" | sed 's/^ //'; \
+	exit $$status
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check $(PY_SOURCES)

@@ -51,8 +51,19 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         default=os.environ.get("DRA_DRIVER_NAME", DEFAULT_DRIVER_NAME),
         help=f"DRA driver name (default {DEFAULT_DRIVER_NAME}; env DRA_DRIVER_NAME)",
     )
-    p.add_argument("--log-level", default="info", choices=logs.LEVELS)
-    p.add_argument("--log-format", default="json", choices=("json", "console"))
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=logs.LEVELS,
+        help="least severe level logged, to stderr (default %(default)s)",
+    )
+    p.add_argument(
+        "--log-format",
+        default="json",
+        choices=("json", "console"),
+        help="json: one JSON object per line, for log collectors; console: text for humans "
+        "(default %(default)s)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -78,10 +89,29 @@ def _parser() -> argparse.ArgumentParser:
         help="GPU source: 'nvml' (default) or 'simulated:H200x8' etc. (env GPUS)",
     )
     p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="default: in-cluster")
-    p.add_argument("--plugin-dir", default=DEFAULT_PLUGIN_DIR)
-    p.add_argument("--registry-dir", default=DEFAULT_REGISTRY_DIR)
-    p.add_argument("--cdi-root", default=DEFAULT_CDI_ROOT)
-    p.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
+    p.add_argument(
+        "--plugin-dir",
+        default=DEFAULT_PLUGIN_DIR,
+        help="kubelet plugin directory; the DRA socket goes into <dir>/<driver> (default "
+        "%(default)s; change it when the kubelet's --root-dir is not /var/lib/kubelet)",
+    )
+    p.add_argument(
+        "--registry-dir",
+        default=DEFAULT_REGISTRY_DIR,
+        help="kubelet plugin registration directory (default %(default)s)",
+    )
+    p.add_argument(
+        "--cdi-root",
+        default=DEFAULT_CDI_ROOT,
+        help="where CDI specs are written: a directory the container runtime reads CDI specs "
+        "from (default %(default)s)",
+    )
+    p.add_argument(
+        "--state-dir",
+        default=DEFAULT_STATE_DIR,
+        help="checkpoint of prepared claims; a host path that survives plugin restarts "
+        "(default %(default)s)",
+    )
     p.add_argument("--node-config", default=None, help="node configuration YAML file")
     p.add_argument(
         "--rolling-update-uid",
@@ -95,12 +125,21 @@ def _parser() -> argparse.ArgumentParser:
         help="address /metrics listens on (default 127.0.0.1: this host only; the Helm chart "
         "passes 0.0.0.0 so that probes and Prometheus reach the pod IP)",
     )
-    p.add_argument("--mps-root", default="/run/gpu-fraction", help="MPS pipe/log/state root")
-    p.add_argument("--mps-control", default="nvidia-cuda-mps-control", help="MPS control binary")
+    p.add_argument(
+        "--mps-root",
+        default="/run/gpu-fraction",
+        help="MPS pipe/log/state root (default %(default)s)",
+    )
+    p.add_argument(
+        "--mps-control",
+        default="nvidia-cuda-mps-control",
+        help="MPS control binary (default %(default)s)",
+    )
     p.add_argument(
         "--cdi-hook",
         default="/usr/bin/nvidia-cdi-hook",
-        help="host path of the NVIDIA container toolkit's CDI hook (hard enforcement tier)",
+        help="host path of the NVIDIA container toolkit's CDI hook, hard enforcement tier "
+        "(default %(default)s)",
     )
     p.add_argument(
         "--simulation-root",
@@ -115,8 +154,12 @@ def _parser() -> argparse.ArgumentParser:
         help="simulated GPUs only: path of the recording stand-in for nvidia-cdi-hook that the "
         "hard tier's specs name (default: <simulation-root>/bin/nvidia-cdi-hook)",
     )
-    p.add_argument("--driver-root", default="/", help="host root of the NVIDIA driver files")
-    p.add_argument("--host-root", default="/", help="where the host's / is visible (detection)")
+    p.add_argument(
+        "--driver-root", default="/", help="host root of the NVIDIA driver files (default /)"
+    )
+    p.add_argument(
+        "--host-root", default="/", help="where the host's / is visible, for detection (default /)"
+    )
     p.add_argument(
         "--default-active-thread-percentage",
         type=_percentage,
@@ -127,16 +170,19 @@ def _parser() -> argparse.ArgumentParser:
         "--time-slicing-compute-mode",
         default="EXCLUSIVE_PROCESS",
         choices=("EXCLUSIVE_PROCESS", "DEFAULT"),
-        help="NVML compute mode of time-slicing GPUs while MPS serves them",
+        help="NVML compute mode of time-slicing GPUs while MPS serves them (default %(default)s)",
     )
     p.add_argument(
         "--sm-sharing-compute-mode",
         default="EXCLUSIVE_PROCESS",
         choices=("EXCLUSIVE_PROCESS", "DEFAULT"),
-        help="NVML compute mode of sm-sharing GPUs while MPS serves them",
+        help="NVML compute mode of sm-sharing GPUs while MPS serves them (default %(default)s)",
     )
     p.add_argument(
-        "--publish-interval", type=float, default=30.0, help="seconds between slice syncs"
+        "--publish-interval",
+        type=float,
+        default=30.0,
+        help="seconds between slice syncs (default %(default)g)",
     )
     p.add_argument(
         "--call-budget",
@@ -165,7 +211,11 @@ def _parser() -> argparse.ArgumentParser:
         "with their CDI device IDs) as JSON. Read-only; exit 2 if the checkpoint is unreadable.",
     )
     _add_common(p)
-    p.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
+    p.add_argument(
+        "--state-dir",
+        default=DEFAULT_STATE_DIR,
+        help="the plugin's --state-dir, where the checkpoint is (default %(default)s)",
+    )
     return parser
 
 

@@ -43,7 +43,13 @@ from typing import Any
 
 import structlog
 
-from dra_driver.config import CapacityPolicy, GpuConfig, NodeConfig, slots_for
+from dra_driver.config import (
+    CapacityPolicy,
+    GpuConfig,
+    NodeConfig,
+    slots_for,
+    warn_unmatched_selectors,
+)
 from dra_driver.configload import load_node_config
 from dra_driver.errors import UsageError
 from dra_driver.gpus.model import MIB, Gpu, Inventory, pre_volta_reason
@@ -316,6 +322,7 @@ def _device_attributes(device: FractionDevice, enforcement: str) -> dict[str, An
         "architecture": _string(gpu.architecture),
         "computeCapability": _version_or_string(gpu.compute_capability),
         "driverVersion": _version_or_string(gpu.driver_version),
+        "driverVersionString": _string(gpu.driver_version),
         "cudaDriverVersion": _version_or_string(gpu.cuda_driver_version),
         "gpuMemory": {"int": gpu.memory_bytes},
         "smCount": {"int": gpu.sm_count},
@@ -519,7 +526,9 @@ def render_slices_json(
 
     ``gpus_spec`` is a ``--gpus`` value (``nvml`` or ``simulated:H200x8``; simulated UUIDs are
     seeded with the node name, as in the plugin). ``tiers`` maps the discovered inventory to
-    each GPU's memory-enforcement tier (as the plugin detects it; default: none). No trailing
+    each GPU's memory-enforcement tier (as the plugin detects it; default: none). A ``gpus[]``
+    entry of the configuration that matches no discovered GPU is logged as a warning, as the
+    plugin logs it at start (:func:`~dra_driver.config.warn_unmatched_selectors`). No trailing
     newline (``print`` adds one).
 
     Raises:
@@ -532,6 +541,7 @@ def render_slices_json(
 
     config = load_node_config(config_path)
     inventory = open_source(gpus_spec, seed=node).discover()
+    warn_unmatched_selectors(config, inventory.gpus, source=config_path)
     enforcement = tiers(inventory) if tiers else _NO_ENFORCEMENT
     slices = build_slices(inventory, config, driver, node, enforcement=enforcement)
     return json.dumps(slices, indent=2)

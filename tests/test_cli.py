@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver._proto import dra_v1_pb2
+from dra_driver.cli import _parser
 from dra_driver.gpus import MIB, SimulatedGpuSource
 from dra_driver.kubelet.server import SocketPaths
 from dra_driver.prepare import ClaimRef
@@ -359,3 +361,81 @@ def test_api_client_keeps_a_connection_per_claim_reader(tmp_path: Path) -> None:
     api = api_client(str(kubeconfig))
     assert api.configuration.connection_pool_maxsize >= CLAIM_READERS
     assert api.rest_client.pool_manager.connection_pool_kw["maxsize"] >= CLAIM_READERS
+
+
+def test_every_option_has_help_and_shows_its_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--help`` of every subcommand describes every option, and an option with a default
+    names it (the README says every flag is described there)."""
+    for env in ("DRA_DRIVER_NAME", "NODE_NAME", "GPUS", "KUBECONFIG", "POD_UID"):
+        monkeypatch.delenv(env, raising=False)
+
+    def shown(default: object) -> str:
+        return f"{default:g}" if isinstance(default, float) else str(default)
+
+    parser = _parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    problems = []
+    for command, p in sub.choices.items():
+        formatter = p._get_formatter()
+        for action in p._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            flag = f"{command} {action.option_strings[0]}"
+            text = formatter._expand_help(action) if action.help else ""
+            if not text.strip():
+                problems.append(f"{flag}: no help text")
+            elif action.default not in (None, "") and shown(action.default) not in text:
+                problems.append(f"{flag}: help does not name the default {action.default!r}")
+    assert problems == [], "\n".join(problems)
+
+
+def test_render_slices_warns_about_a_selector_matching_no_gpu(tmp_path: Path) -> None:
+    """The admin guide's configuration check shows a mistyped UUID, as the plugin's log does."""
+    config = tmp_path / "node.yaml"
+    config.write_text(
+        "apiVersion: gpu-fraction.dra.dev/v1alpha1\nkind: NodeConfig\ngpus:\n"
+        "  - selector: {index: 0}\n    computeMode: sm-sharing\n"
+        "  - selector: {uuid: GPU-00000000-typo}\n    enabled: false\n"
+    )
+    out = subprocess.run(
+        [*CLI, "render-slices", "--node", "n1", "--gpus", "simulated:H200x2"]
+        + ["--config", str(config)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(out.stdout)
+    logged = [json.loads(line) for line in out.stderr.splitlines()]
+    [warning] = [entry for entry in logged if entry["level"] == "warning"]
+    assert warning["entry"] == "gpus[1]" and warning["node_config"] == str(config)
+    assert "GPU-00000000-typo" in warning["detail"] and "matches no GPU" in warning["detail"]
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (None, "no such file"),
+        ("", "empty"),
+        ("a: [\n", "not YAML"),
+        ("just text\n", "not a kubeconfig"),
+        ("a: b\n", "Expected key current-context"),
+    ],
+)
+def test_bad_kubeconfig_is_named_with_what_to_do(content: str | None, reason: str) -> None:
+    with tempfile.TemporaryDirectory(prefix="drac-") as tmp:
+        kubeconfig = Path(tmp) / "kubeconfig"
+        if content is not None:
+            kubeconfig.write_text(content)
+        dirs = [f"--{flag}={tmp}/{flag}" for flag in ("plugin-dir", "registry-dir", "cdi-root")]
+        out = subprocess.run(
+            [*CLI, "kubelet-plugin", "--node-name=n1", "--gpus=simulated:H200x1", *dirs]
+            + [f"--kubeconfig={kubeconfig}", f"--state-dir={tmp}/s", f"--mps-root={tmp}/run"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert out.returncode == 2
+    [error] = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert f"kubeconfig {kubeconfig}: " in error and reason in error
+    assert "--kubeconfig" in error and "KUBECONFIG" in error
+    assert "Traceback" not in out.stderr

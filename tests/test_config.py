@@ -27,7 +27,7 @@ from dra_driver.gpus import MIB, Gpu, SimulatedGpuSource
 from dra_driver.quantities import canonical_quantity, quantity_value
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = ROOT / "manifests" / "node-config.example.yaml"
+EXAMPLE = ROOT / "docs" / "examples" / "node-config.example.yaml"
 GIB = 1024 * MIB
 HEAD = f"apiVersion: {API_VERSION}\nkind: NodeConfig\n"
 

@@ -26,7 +26,7 @@ from dra_driver.slices import build_slices, slice_devices
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "manifests" / "deviceclasses"
-EXAMPLE = ROOT / "manifests" / "node-config.example.yaml"
+EXAMPLE = ROOT / "docs" / "examples" / "node-config.example.yaml"
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 TERM = re.compile(
     r'^device\.(?:driver|attributes\["([^"]+)"\]\.([A-Za-z_][A-Za-z0-9_]*)) == "([^"]*)"$'

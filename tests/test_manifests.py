@@ -63,8 +63,6 @@ RENDERED = {
 }
 # Plain manifests not rendered by the chart (Helm installs into an existing namespace).
 HAND_WRITTEN = {"namespace.yaml"}
-# Owned elsewhere: the node configuration example (docs/node-config.md).
-OTHER = {"node-config.example.yaml"}
 HEADER = (
     "# Generated from deployments/helm/gpu-fraction-dra with its default values\n"
     f"# (helm template {RELEASE} --namespace {NAMESPACE}); do not edit by hand.\n"
@@ -234,7 +232,7 @@ def test_plain_manifests_are_the_default_rendering() -> None:
             "run: .venv/bin/python tests/test_manifests.py --write"
         )
     present = {p.name for p in MANIFESTS.glob("*.yaml")}
-    assert present == set(expected) | HAND_WRITTEN | OTHER
+    assert present == set(expected) | HAND_WRITTEN
 
 
 def test_default_rendering_kinds_and_names() -> None:
@@ -303,8 +301,6 @@ def test_chart_rejects_bad_values(args: list[str], message: str) -> None:
 
 def all_objects() -> Iterator[tuple[str, dict[str, Any]]]:
     for path in sorted(MANIFESTS.rglob("*.yaml")):
-        if path.name in OTHER:
-            continue
         for i, obj in enumerate(file_docs(path)):
             yield f"{path.relative_to(ROOT)}#{i}", obj
     for variant, args in VALUE_VARIANTS.items():
@@ -323,6 +319,38 @@ def test_every_object_passes_the_1_37_schema() -> None:
             errors.append(f"{where}: {exc.message} at {list(exc.path)}")
     assert not errors, "\n".join(errors)
     assert seen > 50
+
+
+# kubectl apply -f DIR reads these extensions (k8s.io/cli-runtime resource.FileExtensions).
+KUBECTL_EXTENSIONS = (".json", ".yaml", ".yml")
+
+
+def kubectl_files(directory: Path, recursive: bool) -> list[Path]:
+    """The files ``kubectl apply -f DIR`` (``-R``: and its subdirectories) reads."""
+    found = directory.rglob("*") if recursive else directory.glob("*")
+    return sorted(p for p in found if p.is_file() and p.suffix in KUBECTL_EXTENSIONS)
+
+
+@pytest.mark.parametrize("recursive", [False, True], ids=["apply -f", "apply -R -f"])
+def test_kubectl_apply_on_manifests_dir_reads_only_kubernetes_objects(recursive: bool) -> None:
+    """``kubectl apply [-R] -f manifests/`` finds nothing but Kubernetes objects."""
+    errors = []
+    files = kubectl_files(MANIFESTS, recursive)
+    for path in files:
+        for i, obj in enumerate(file_docs(path)):
+            where = f"{path.relative_to(ROOT)}#{i}"
+            if not isinstance(obj, dict) or not obj.get("apiVersion") or not obj.get("kind"):
+                errors.append(f"{where}: not a Kubernetes object (no apiVersion/kind)")
+                continue
+            try:
+                kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+            except kubernetes_validate.SchemaNotFoundError:
+                kind = f"{obj['kind']} {obj['apiVersion']}"
+                errors.append(f"{where}: {kind} is not a Kubernetes API type (kubectl fails)")
+            except kubernetes_validate.ValidationError as exc:
+                errors.append(f"{where}: {exc.message} at {list(exc.path)}")
+    assert not errors, "\n".join(errors)
+    assert {p.name for p in files} >= set(RENDERED.values()) | HAND_WRITTEN
 
 
 # --- chart vs. the driver's own code ----------------------------------------------------------
@@ -351,7 +379,7 @@ def test_default_node_config_is_the_plugin_default() -> None:
 def test_node_config_example_through_chart_values(tmp_path: Path) -> None:
     """docs' node configuration example, given as chart values, renders to the same
     configuration and to DeviceClasses for every product it names (incl. per-GPU ones)."""
-    example_path = MANIFESTS / "node-config.example.yaml"
+    example_path = ROOT / "docs" / "examples" / "node-config.example.yaml"
     example = yaml.safe_load(example_path.read_text())
     values = {
         "driverName": "gpu.example.org",

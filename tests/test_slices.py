@@ -240,6 +240,7 @@ def test_product_device_body() -> None:
             "architecture": {"string": "hopper"},
             "computeCapability": {"version": "9.0.0"},
             "driverVersion": {"version": "615.71.9"},
+            "driverVersionString": {"string": "615.71.09"},
             "cudaDriverVersion": {"version": "13.4.0"},
             "gpuMemory": {"int": H200_MIB * MIB},
             "smCount": {"int": 132},
@@ -470,6 +471,15 @@ def test_unparseable_driver_version_is_a_string() -> None:
     slices = build_slices(Inventory(gpus=(gpu,)), NodeConfig(), DRIVER, NODE)
     attrs = slice_devices(slices)[0]["attributes"]
     assert attrs["driverVersion"] == {"string": "r615-beta_1 build 7"}
+
+
+def test_driver_version_as_semver_and_as_the_driver_prints_it() -> None:
+    """``driverVersion`` compares (semver drops the leading zero of ``05``);
+    ``driverVersionString`` is the driver's own string, as ``nvidia-smi`` shows it."""
+    slices = build_slices(inventory("simulated:L4x1@580.95.05"), NodeConfig(), DRIVER, NODE)
+    attrs = slice_devices(slices)[0]["attributes"]
+    assert attrs["driverVersion"] == {"version": "580.95.5"}
+    assert attrs["driverVersionString"] == {"string": "580.95.05"}
 
 
 # --- property: many simulated nodes --------------------------------------------------------

@@ -60,11 +60,7 @@ def load(path: Path) -> list[dict[str, Any]]:
 def install_objects() -> list[dict[str, Any]]:
     """The plain manifests in apply order: namespace, the rest, DeviceClasses."""
     files = [MANIFESTS / "namespace.yaml"]
-    files += sorted(
-        p
-        for p in MANIFESTS.glob("*.yaml")
-        if p.name not in {"namespace.yaml", "node-config.example.yaml"}
-    )
+    files += sorted(p for p in MANIFESTS.glob("*.yaml") if p.name != "namespace.yaml")
     files += sorted((MANIFESTS / "deviceclasses").glob("*.yaml"))
     return [obj for f in files for obj in load(f)]
 
