@@ -359,14 +359,6 @@ class MpsEnforcer:
             self._reset_compute_modes()  # retry restores that failed while the plugin runs
             return health
 
-    def supervise(self, stop: threading.Event, interval: float = 10.0) -> None:
-        """Run :meth:`check_health` every ``interval`` seconds until ``stop`` is set."""
-        while not stop.wait(interval):
-            try:
-                self.check_health()
-            except Exception as exc:  # keep supervising whatever happens
-                log.error("MPS health check failed", error=str(exc))
-
     # accounting -----------------------------------------------------------------------
     def targets(self) -> list[FractionTarget]:
         """Every applied target (all claims, all tiers)."""
