@@ -30,7 +30,6 @@ Layout on the node (host paths; the plugin sees them at the same paths):
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import threading
 import time
@@ -45,6 +44,7 @@ from dra_driver.atomicfile import ensure_dir
 from dra_driver.cdi import ContainerEdits
 from dra_driver.gpus import Gpu
 from dra_driver.mps.base import MpsError
+from dra_driver.mps.computemode import ComputeModes
 from dra_driver.mps.control import (
     ClientRow,
     MpsCommandError,
@@ -167,6 +167,7 @@ class MpsEnforcer:
         self.janitor = SoftLimitJanitor(
             opts.record_root, nvml, Path(opts.cgroup_root), opts.dmem_backend
         )
+        self._modes = ComputeModes(opts.mps_root, nvml)
         self.daemon_restarts = 0
         """Daemon restarts done by :meth:`check_health` after a crash."""
 
@@ -464,7 +465,7 @@ class MpsEnforcer:
             if not self.nvml.has_gpu(gpu.uuid):
                 raise MpsError(f"GPU {gpu.index} ({gpu.uuid}) is not present on this node (NVML)")
         for gpu in gpus:
-            self._set_compute_mode(gpu, self.options.compute_mode_for(daemon.mode))
+            self._modes.set(gpu, self.options.compute_mode_for(daemon.mode))
         ctl.server_create(name, [g.uuid for g in gpus])
         self._verify_server(daemon, name, gpus)
         log.info(
@@ -655,7 +656,7 @@ class MpsEnforcer:
                 if not any(o.mode == mode and not o.dedicated for o in on_gpu):
                     self._delete_shared_server(gpu, mode)
                 if not on_gpu:
-                    self._restore_compute_mode(uuid)
+                    self._modes.restore(uuid)
             except _EFFECT_ERRORS as exc:
                 log.error("retiring MPS server failed", gpu=uuid, error=str(exc))
         for mode, daemon in self.daemons.items():
@@ -680,35 +681,8 @@ class MpsEnforcer:
             except MpsCommandError as exc:
                 log.error("MPS server delete failed", mps_server=name, error=str(exc))
 
-    def _marker(self, uuid: str) -> Path:
-        return self.options.mps_root / "compute-mode" / uuid
-
-    def _set_compute_mode(self, gpu: Gpu, mode: str) -> None:
-        marker = self._marker(gpu.uuid)
-        ensure_dir(marker.parent, 0o755)
-        marker.write_text(mode + "\n")
-        os.chmod(marker, 0o644)
-        if self.nvml.compute_mode(gpu.uuid) != mode:
-            self.nvml.set_compute_mode(gpu.uuid, mode)
-            log.info("GPU compute mode set", gpu=gpu.uuid, gpu_index=gpu.index, compute_mode=mode)
-
-    def _restore_compute_mode(self, uuid: str) -> None:
-        try:
-            if self.nvml.compute_mode(uuid) != "DEFAULT":
-                self.nvml.set_compute_mode(uuid, "DEFAULT")
-                log.info("GPU compute mode restored", gpu=uuid, compute_mode="DEFAULT")
-            self._marker(uuid).unlink(missing_ok=True)
-        except NvmlError as exc:
-            log.error("cannot restore GPU compute mode; will retry", gpu=uuid, error=str(exc))
-
     def _reset_compute_modes(self) -> None:
-        markers = self.options.mps_root / "compute-mode"
-        if not markers.is_dir():
-            return
-        used = {t.gpu.uuid for t in self._wanted_targets()}
-        for marker in sorted(markers.iterdir()):
-            if marker.name not in used:
-                self._restore_compute_mode(marker.name)
+        self._modes.reset_unused({t.gpu.uuid for t in self._wanted_targets()})
 
     def _remove_orphans(self, wanted: set[str]) -> None:
         for daemon in self.daemons.values():
