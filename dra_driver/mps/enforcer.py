@@ -34,7 +34,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -55,6 +55,7 @@ from dra_driver.mps.control import (
 )
 from dra_driver.mps.daemon import MODES, MpsDaemon
 from dra_driver.mps.janitor import SoftLimitJanitor
+from dra_driver.mps.ledger import Applied, Ledger
 from dra_driver.mps.names import (
     DEDICATED_PREFIX,
     SERVER_PREFIX,
@@ -112,14 +113,6 @@ class GpuHealth:
     detail: str = ""
 
 
-@dataclass
-class _Applied:
-    plan: ClaimPlan
-    targets: tuple[FractionTarget, ...]
-    pipes: dict[str, str] = field(default_factory=dict)
-    inodes: dict[str, tuple[int, int]] = field(default_factory=dict)
-
-
 class MpsEnforcer:
     """Enforces fractions with MPS v3 (and the driver's cgroup limits on ``hard`` GPUs).
 
@@ -151,8 +144,7 @@ class MpsEnforcer:
         self.nvml = nvml
         self._sleep = sleep
         self._lock = threading.RLock()
-        self._claims: dict[str, _Applied] = {}
-        self._pending: dict[str, ClaimPlan] = {}
+        self._ledger = Ledger(self.tiers, opts.default_active_thread_percentage)
         self.daemons: dict[str, MpsDaemon] = {
             mode: MpsDaemon(
                 mode,
@@ -191,10 +183,10 @@ class MpsEnforcer:
                 )
             targets = plan_targets(plan, self.tiers, self.options.default_active_thread_percentage)
             check_mode_conflicts(
-                ref.uid, targets, ((uid, a.targets) for uid, a in self._claims.items())
+                ref.uid, targets, ((uid, a.targets) for uid, a in self._ledger.claims.items())
             )
-            previous = self._claims.pop(ref.uid, None)
-            applied = _Applied(plan, targets)
+            previous = self._ledger.claims.pop(ref.uid, None)
+            applied = Applied(plan, targets)
             done: dict[tuple[str, str], str] = {}
             try:
                 for t in targets:
@@ -208,17 +200,16 @@ class MpsEnforcer:
                     key = (t.server, t.namespace)
                     if key not in done:
                         done[key] = self._ensure(t)
-                    applied.pipes[t.gpu.uuid] = done[key]
-                    applied.inodes[t.gpu.uuid] = _inode(done[key])
+                    applied.record_pipe(t.gpu.uuid, done[key])
             except _EFFECT_ERRORS as exc:
                 bound.error("MPS enforcement failed; claim rolled back", error=str(exc))
                 if previous is not None:
                     # Its container still runs: keep retrying it (check_health).
-                    self._pending[ref.uid] = plan
+                    self._ledger.pending[ref.uid] = plan
                 self._teardown(targets + (previous.targets if previous else ()))
                 raise MpsError(f"claim {ref.namespace}/{ref.name}: {exc}") from exc
-            self._claims[ref.uid] = applied
-            self._pending.pop(ref.uid, None)
+            self._ledger.claims[ref.uid] = applied
+            self._ledger.pending.pop(ref.uid, None)
             if previous:
                 kept = {(t.mode, t.server) for t in targets if t.uses_mps}
                 stale = tuple(t for t in previous.targets if (t.mode, t.server) not in kept)
@@ -231,10 +222,10 @@ class MpsEnforcer:
         """Whether ``plan`` is applied (not pending a retry) and its namespaces' pipe
         directories exist; no MPS command (:meth:`check_health` checks MPS itself)."""
         with self._lock:
-            applied = self._claims.get(plan.claim.uid)
+            applied = self._ledger.claims.get(plan.claim.uid)
             return (
                 applied is not None
-                and plan.claim.uid not in self._pending
+                and plan.claim.uid not in self._ledger.pending
                 and applied.plan == plan
                 and all(Path(p).is_dir() for p in applied.pipes.values())
             )
@@ -250,8 +241,8 @@ class MpsEnforcer:
         """
         with self._held():
             ns = namespace_name(claim_uid)
-            self._pending.pop(claim_uid, None)
-            applied = self._claims.get(claim_uid)
+            self._ledger.pending.pop(claim_uid, None)
+            applied = self._ledger.claims.get(claim_uid)
             bound = log.bind(claim_uid=claim_uid, mps_namespace=ns)
             if applied is None:
                 self._release_unknown(claim_uid)
@@ -272,7 +263,7 @@ class MpsEnforcer:
                 [t.gpu.uuid for t in hard],
                 max((t.request_bytes for t in hard), default=0),
             )
-            del self._claims[claim_uid]
+            del self._ledger.claims[claim_uid]
             self._idle(applied.targets)
             bound.info("claim released", gpus=[t.gpu.uuid for t in applied.targets])
 
@@ -283,17 +274,13 @@ class MpsEnforcer:
         :meth:`check_health`.
         """
         with self._lock:
-            wanted = {p.claim.uid for p in plans}
-            for uid in [u for u in self._claims if u not in wanted]:
-                del self._claims[uid]
-            self._pending = {u: p for u, p in self._pending.items() if u in wanted}
-            self._pending.update({p.claim.uid: p for p in plans if p.claim.uid not in self._claims})
-            self._remove_orphans(wanted)
+            self._ledger.keep_only(plans)
+            self._remove_orphans({p.claim.uid for p in plans})
             for plan in plans:
                 try:
                     self.apply(plan)
                 except MpsError as exc:
-                    self._pending[plan.claim.uid] = plan
+                    self._ledger.pending[plan.claim.uid] = plan
                     log.error(
                         "claim not restored; will retry",
                         claim_uid=plan.claim.uid,
@@ -304,9 +291,13 @@ class MpsEnforcer:
             self._remove_idle_servers()
             self._reset_compute_modes()
             for mode, daemon in self.daemons.items():
-                if not self._mode_targets(mode) and daemon.alive():
+                if not self._ledger.mode_targets(mode) and daemon.alive():
                     daemon.stop()
-            log.info("MPS state restored", claims=len(self._claims), pending=len(self._pending))
+            log.info(
+                "MPS state restored",
+                claims=len(self._ledger.claims),
+                pending=len(self._ledger.pending),
+            )
 
     # supervision ----------------------------------------------------------------------
     def check_health(self) -> dict[str, GpuHealth]:
@@ -317,14 +308,14 @@ class MpsEnforcer:
         a missing namespace re-created. Returns the health of each GPU with claims.
         """
         with self._lock:
-            for uid, plan in list(self._pending.items()):
+            for uid, plan in list(self._ledger.pending.items()):
                 try:
                     self.apply(plan)
                 except MpsError as exc:
                     log.warning("pending claim still not restored", claim_uid=uid, error=str(exc))
             health: dict[str, GpuHealth] = {}
             for mode, daemon in self.daemons.items():
-                targets = self._mode_targets(mode)
+                targets = self._ledger.mode_targets(mode)
                 if not targets:
                     continue
                 if not daemon.alive():
@@ -364,7 +355,7 @@ class MpsEnforcer:
     def targets(self) -> list[FractionTarget]:
         """Every applied target (all claims, all tiers)."""
         with self._lock:
-            return [t for a in self._claims.values() for t in a.targets]
+            return self._ledger.targets()
 
     def clients(self) -> dict[tuple[str, str], list[ClientRow]]:
         """MPS clients per (claim UID, GPU UUID), from ``client list`` of each used server.
@@ -377,7 +368,7 @@ class MpsEnforcer:
         with self._lock:
             out: dict[tuple[str, str], list[ClientRow]] = {}
             for mode, daemon in self.daemons.items():
-                targets = self._mode_targets(mode)
+                targets = self._ledger.mode_targets(mode)
                 by_server: dict[str, list[ClientRow]] = {}
                 for t in targets:
                     if t.server not in by_server:
@@ -386,6 +377,16 @@ class MpsEnforcer:
                         c for c in by_server[t.server] if c.namespace == t.namespace
                     ]
             return out
+
+    @property
+    def _claims(self) -> dict[str, Applied]:
+        """Applied claims by UID (the ledger's; tests read it)."""
+        return self._ledger.claims
+
+    @property
+    def _pending(self) -> dict[str, ClaimPlan]:
+        """Claims waiting for a retry by UID (the ledger's; tests read it)."""
+        return self._ledger.pending
 
     # internals ------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -407,26 +408,6 @@ class MpsEnforcer:
             yield
         finally:
             self._lock.release()
-
-    def _mode_targets(self, mode: str) -> list[FractionTarget]:
-        return [
-            t for a in self._claims.values() for t in a.targets if t.uses_mps and t.mode == mode
-        ]
-
-    def _wanted_targets(self) -> list[FractionTarget]:
-        """MPS targets of every claim that should be enforced: applied ones and pending ones
-        (not yet re-applied after a restart or a failure). Servers and daemons they use are
-        never retired, so one claim's rollback cannot tear down another's namespace."""
-        wanted = [t for a in self._claims.values() for t in a.targets if t.uses_mps]
-        for plan in self._pending.values():
-            try:
-                targets = plan_targets(
-                    plan, self.tiers, self.options.default_active_thread_percentage
-                )
-            except MpsError:
-                continue
-            wanted.extend(t for t in targets if t.uses_mps)
-        return wanted
 
     def _ensure(self, t: FractionTarget) -> str:
         daemon = self.daemons[t.mode]
@@ -645,7 +626,7 @@ class MpsEnforcer:
 
     def _idle(self, targets: Sequence[FractionTarget]) -> None:
         """Delete shared servers, reset compute modes and stop daemons no claim needs any more."""
-        users = self._wanted_targets()
+        users = self._ledger.wanted_targets()
         seen: dict[tuple[str, str], Gpu] = {}
         for t in targets:
             if t.uses_mps:
@@ -682,7 +663,7 @@ class MpsEnforcer:
                 log.error("MPS server delete failed", mps_server=name, error=str(exc))
 
     def _reset_compute_modes(self) -> None:
-        self._modes.reset_unused({t.gpu.uuid for t in self._wanted_targets()})
+        self._modes.reset_unused({t.gpu.uuid for t in self._ledger.wanted_targets()})
 
     def _remove_orphans(self, wanted: set[str]) -> None:
         for daemon in self.daemons.values():
@@ -760,19 +741,15 @@ class MpsEnforcer:
     def _note_pipe(
         self, t: FractionTarget, pipe: str, bound: structlog.typing.FilteringBoundLogger
     ) -> None:
-        applied = self._claims.get(t.claim.uid)
+        applied = self._ledger.claims.get(t.claim.uid)
         if applied is None:
             return
-        before = applied.inodes.get(t.gpu.uuid)
-        now = _inode(pipe)
-        if before is not None and now != before:
+        if applied.record_pipe(t.gpu.uuid, pipe):
             bound.warning(
                 "claim's MPS pipe directory was re-created; running containers still see the "
                 "old one and must be restarted to reach MPS",
                 pipe_dir=pipe,
             )
-        applied.pipes[t.gpu.uuid] = pipe
-        applied.inodes[t.gpu.uuid] = now
 
     def _log_target(
         self, bound: structlog.typing.FilteringBoundLogger, t: FractionTarget, pipe: str | None
@@ -815,11 +792,3 @@ def _by_server(targets: Sequence[FractionTarget]) -> list[FractionTarget]:
             seen.add(key)
             out.append(t)
     return out
-
-
-def _inode(path: str) -> tuple[int, int]:
-    try:
-        st = Path(path).stat()
-    except OSError:
-        return (0, 0)
-    return (st.st_dev, st.st_ino)
