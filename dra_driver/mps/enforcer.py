@@ -30,7 +30,6 @@ Layout on the node (host paths; the plugin sees them at the same paths):
 from __future__ import annotations
 
 import contextlib
-import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -40,18 +39,14 @@ from pathlib import Path
 import structlog
 
 from dra_driver import budget
-from dra_driver.atomicfile import ensure_dir
 from dra_driver.cdi import ContainerEdits
 from dra_driver.gpus import Gpu
+from dra_driver.mps import removal
 from dra_driver.mps.base import MpsError
 from dra_driver.mps.computemode import ComputeModes
 from dra_driver.mps.control import (
     ClientRow,
     MpsCommandError,
-    MpsControl,
-    MpsTimeout,
-    NamespaceRow,
-    ServerRow,
 )
 from dra_driver.mps.daemon import MODES, MpsDaemon
 from dra_driver.mps.janitor import SoftLimitJanitor
@@ -62,12 +57,11 @@ from dra_driver.mps.names import (
     claim_uid_of,
     claim_uid_of_server,
     dedicated_server_name,
-    memory_arg,
     mib,
     namespace_name,
-    server_name,
 )
 from dra_driver.mps.nvml import NvmlError, NvmlFacade
+from dra_driver.mps.objects import MpsObjects
 from dra_driver.mps.targets import (
     CONTAINER_PIPE_DIR,
     DEFAULT_ROOT,
@@ -76,9 +70,6 @@ from dra_driver.mps.targets import (
     MpsOptions,
     check_mode_conflicts,
     claim_edits,
-    gpus_text,
-    namespace_drift,
-    namespace_pipe_dir,
     plan_targets,
     target_edits,
 )
@@ -99,8 +90,6 @@ __all__ = [
 
 log = structlog.get_logger(__name__)
 
-_BAD_STATUS = ("fail", "error", "exit", "fault", "dead", "terminat", "stop")
-_READY = "ready"
 _EFFECT_ERRORS = (MpsError, NvmlError, OSError)
 
 
@@ -160,6 +149,7 @@ class MpsEnforcer:
             opts.record_root, nvml, Path(opts.cgroup_root), opts.dmem_backend
         )
         self._modes = ComputeModes(opts.mps_root, nvml)
+        self._objects = MpsObjects(self.daemons, opts, nvml, self._modes, sleep)
         self.daemon_restarts = 0
         """Daemon restarts done by :meth:`check_health` after a crash."""
 
@@ -199,7 +189,7 @@ class MpsEnforcer:
                         continue
                     key = (t.server, t.namespace)
                     if key not in done:
-                        done[key] = self._ensure(t)
+                        done[key] = self._objects.ensure(t)
                     applied.record_pipe(t.gpu.uuid, done[key])
             except _EFFECT_ERRORS as exc:
                 bound.error("MPS enforcement failed; claim rolled back", error=str(exc))
@@ -250,7 +240,7 @@ class MpsEnforcer:
             errors = []
             for t in _by_server(applied.targets):
                 try:
-                    self._remove_target(t)
+                    removal.remove_target(self.daemons[t.mode], t)
                 except _EFFECT_ERRORS as exc:
                     where = f"MPS server {t.server}" if t.dedicated else f"GPU {t.gpu.index}"
                     errors.append(f"{where}: {exc}")
@@ -336,7 +326,7 @@ class MpsEnforcer:
                     key = (t.server, t.namespace)
                     if key not in done:
                         try:
-                            done[key] = self._ensure(t)
+                            done[key] = self._objects.ensure(t)
                         except _EFFECT_ERRORS as exc:
                             bound.error(
                                 "MPS enforcement broken", mps_server=t.server, error=str(exc)
@@ -409,204 +399,6 @@ class MpsEnforcer:
         finally:
             self._lock.release()
 
-    def _ensure(self, t: FractionTarget) -> str:
-        daemon = self.daemons[t.mode]
-        daemon.ensure_running()
-        self._ensure_server(daemon, t.server, t.server_gpus)
-        return self._ensure_namespace(daemon, t)
-
-    def _server_ok(self, row: ServerRow, gpus: Sequence[Gpu]) -> bool:
-        status = row.status.lower()
-        if any(bad in status for bad in _BAD_STATUS):
-            return False
-        devices = row.allowed_devices
-        if not devices:
-            return True
-        if len(gpus) > 1 and len(devices) != len(gpus):
-            return False  # a claim's server made for another set of GPUs
-        return all(g.uuid in devices or str(g.index) in devices for g in gpus)
-
-    def _ensure_server(self, daemon: MpsDaemon, name: str, gpus: Sequence[Gpu]) -> None:
-        ctl = daemon.control
-        row = next((r for r in ctl.server_list() if r.name == name), None)
-        if row is not None and self._server_ok(row, gpus):
-            return
-        if row is not None:
-            log.warning(
-                "replacing failed MPS server",
-                mps_server=name,
-                status=row.status,
-                allowed_devices=list(row.allowed_devices),
-                gpus=[g.uuid for g in gpus],
-            )
-            with contextlib.suppress(MpsCommandError):
-                self._terminate_clients(ctl, name)
-            ctl.server_delete(name, force=True)
-        for gpu in gpus:
-            if not self.nvml.has_gpu(gpu.uuid):
-                raise MpsError(f"GPU {gpu.index} ({gpu.uuid}) is not present on this node (NVML)")
-        for gpu in gpus:
-            self._modes.set(gpu, self.options.compute_mode_for(daemon.mode))
-        ctl.server_create(name, [g.uuid for g in gpus])
-        self._verify_server(daemon, name, gpus)
-        log.info(
-            "MPS server created",
-            mps_server=name,
-            gpus=[g.uuid for g in gpus],
-            gpu_indexes=[g.index for g in gpus],
-            mode=daemon.mode,
-        )
-
-    def _verify_server(self, daemon: MpsDaemon, name: str, gpus: Sequence[Gpu]) -> None:
-        status = ""
-        for attempt in range(max(1, self.options.server_checks)):
-            if attempt:
-                self._sleep(self.options.server_check_interval)
-            row = next((r for r in daemon.control.server_list() if r.name == name), None)
-            if row is None or not self._server_ok(row, gpus):
-                state = (
-                    "vanished" if row is None else f"is {row.status!r} for {row.allowed_devices}"
-                )
-                if row is not None:
-                    with contextlib.suppress(MpsCommandError):
-                        daemon.control.server_delete(name, force=True)
-                tail = daemon.server_log_tail(name)
-                raise MpsError(
-                    f"MPS server {name} for {gpus_text(gpus)} {state} after create; "
-                    "clients would run without MPS limits"
-                    + (f"; server.log: {tail}" if tail else "")
-                )
-            status = row.status
-            if status.lower() == _READY:
-                return
-        log.warning(
-            "MPS server not Ready yet; accepting",
-            mps_server=name,
-            status=status,
-            gpus=[g.uuid for g in gpus],
-        )
-
-    def _ensure_namespace(self, daemon: MpsDaemon, t: FractionTarget) -> str:
-        """Make ``t``'s namespace exist with its limits; return its pipe directory.
-
-        Read-only when the namespace is there with the right limits: ``namespace set`` runs
-        only on a namespace just created or one whose limits drifted, and never while clients
-        are attached (on r615 drivers it then fails; ``docs/enforcement.md``, "Lifecycle").
-
-        Raises:
-            MpsError: a command failed, the limits read back wrong, or they drifted while
-                clients are attached (the GPU is then reported unhealthy).
-        """
-        ctl = daemon.control
-        ns, srv = t.namespace, t.server
-        row = next((r for r in ctl.namespace_list(srv) if r.name == ns), None)
-        if row is None:
-            ctl.namespace_create(ns, srv)
-            row = self._set_limits(ctl, t)
-        else:
-            drift = namespace_drift(row, t)
-            if drift:
-                row = self._repair_limits(ctl, t, drift)
-        pipe = Path(row.pipe_directory or namespace_pipe_dir(t, self.options))
-        root = daemon.pipe_dir.resolve()
-        if not pipe.resolve().is_relative_to(root):
-            raise MpsError(f"MPS namespace {ns} pipe directory {pipe} is outside {root}")
-        ensure_dir(pipe, 0o755)
-        return str(pipe)
-
-    def _set_limits(self, ctl: MpsControl, t: FractionTarget) -> NamespaceRow:
-        """``namespace set`` both limits, read them back and check them."""
-        ns, srv = t.namespace, t.server
-        ctl.namespace_set(ns, srv, memory_arg(t.limit_bytes), t.threads)
-        row = next((r for r in ctl.namespace_list(srv, ns) if r.name == ns), None)
-        if row is None:
-            raise MpsError(f"MPS namespace {ns} missing on server {srv} right after create")
-        drift = namespace_drift(row, t)
-        if drift:
-            raise MpsError(f"MPS namespace {ns} on {srv} reports {'; '.join(drift)}")
-        return row
-
-    def _repair_limits(self, ctl: MpsControl, t: FractionTarget, drift: list[str]) -> NamespaceRow:
-        """Re-set a namespace whose limits drifted, unless clients are attached."""
-        ns, srv = t.namespace, t.server
-        clients = [c for c in ctl.client_list(srv) if c.namespace == ns]
-        if clients:
-            raise MpsError(
-                f"MPS namespace {ns} on {srv} has {'; '.join(drift)}, and {len(clients)} "
-                f"client(s) attached (PIDs {', '.join(str(c.pid) for c in clients)}): not "
-                "re-set, as namespace set fails while clients are attached; restart the "
-                "claim's pods to have the limits applied"
-            )
-        log.warning(
-            "MPS namespace limits drifted; re-setting them",
-            claim_uid=t.claim.uid,
-            namespace=t.claim.namespace,
-            name=t.claim.name,
-            gpu=t.gpu.uuid,
-            mps_server=srv,
-            mps_namespace=ns,
-            drift=drift,
-        )
-        return self._set_limits(ctl, t)
-
-    def _terminate_clients(
-        self, ctl: MpsControl, server: str, namespace: str | None = None
-    ) -> None:
-        """``client terminate`` every client of ``server`` (of ``namespace`` only, if given)
-        before removing it: a client killed with work in flight can wedge the GPU
-        (``docs/enforcement.md``, "Lifecycle")."""
-        for client in ctl.client_list(server):
-            if namespace is not None and client.namespace != namespace:
-                continue
-            try:
-                ctl.client_terminate(client.pid)
-                log.info(
-                    "MPS client terminated",
-                    pid=client.pid,
-                    mps_server=server,
-                    mps_namespace=client.namespace,
-                )
-            except MpsCommandError as exc:
-                log.warning("MPS client terminate failed", pid=client.pid, error=str(exc))
-
-    def _remove_target(self, t: FractionTarget) -> None:
-        """Remove what ``t`` set up: its namespace, or its claim's own server."""
-        if t.dedicated:
-            self._remove_claim_server(self.daemons[t.mode], t.server, t.claim.uid)
-        else:
-            self._remove_namespace(t)
-
-    def _remove_namespace(self, t: FractionTarget) -> None:
-        daemon = self.daemons[t.mode]
-        ctl = daemon.control
-        try:
-            servers = ctl.server_list()
-        except MpsTimeout:
-            raise  # hung, not gone: its namespace stays until it answers
-        except MpsCommandError:
-            servers = []  # daemon gone: its namespaces and clients are gone with it
-        if any(r.name == t.server for r in servers):
-            self._terminate_clients(ctl, t.server, t.namespace)
-            if any(r.name == t.namespace for r in ctl.namespace_list(t.server)):
-                ctl.namespace_delete(t.namespace, t.server, force=True)
-        shutil.rmtree(daemon.pipe_dir / t.server / t.namespace, ignore_errors=True)
-
-    def _remove_claim_server(self, daemon: MpsDaemon, server: str, claim_uid: str) -> None:
-        """Delete a multi-GPU claim's own server: clients terminated first, then ``server
-        delete --force``; its pipe directory removed."""
-        ctl = daemon.control
-        try:
-            present = any(r.name == server for r in ctl.server_list())
-        except MpsTimeout:
-            raise  # hung, not gone: its server stays until it answers
-        except MpsCommandError:
-            present = False  # daemon gone: the server and its clients are gone with it
-        if present:
-            self._terminate_clients(ctl, server)
-            ctl.server_delete(server, force=True)
-            log.info("claim's MPS server deleted", claim_uid=claim_uid, mps_server=server)
-        shutil.rmtree(daemon.pipe_dir / server, ignore_errors=True)
-
     def _teardown(
         self, targets: Sequence[FractionTarget], also_idle: Sequence[FractionTarget] = ()
     ) -> None:
@@ -614,7 +406,7 @@ class MpsEnforcer:
         ``targets`` and ``also_idle``)."""
         for t in _by_server(targets):
             try:
-                self._remove_target(t)
+                removal.remove_target(self.daemons[t.mode], t)
             except _EFFECT_ERRORS as exc:
                 log.warning(
                     "rollback: MPS removal failed",
@@ -635,7 +427,7 @@ class MpsEnforcer:
             on_gpu = [o for o in users if o.gpu.uuid == uuid]
             try:
                 if not any(o.mode == mode and not o.dedicated for o in on_gpu):
-                    self._delete_shared_server(gpu, mode)
+                    removal.delete_shared_server(self.daemons[mode], gpu)
                 if not on_gpu:
                     self._modes.restore(uuid)
             except _EFFECT_ERRORS as exc:
@@ -644,98 +436,54 @@ class MpsEnforcer:
             if any(t.mode == mode for t in targets) and not any(u.mode == mode for u in users):
                 daemon.stop()
 
-    def _delete_shared_server(self, gpu: Gpu, mode: str) -> None:
-        ctl = self.daemons[mode].control
-        name = server_name(gpu.index)
-        try:
-            present = any(r.name == name for r in ctl.server_list())
-        except MpsCommandError:
-            present = False
-        if not present:
-            return
-        try:
-            ctl.server_delete(name)
-        except MpsCommandError:
-            self._terminate_clients(ctl, name)
-            try:
-                ctl.server_delete(name, force=True)
-            except MpsCommandError as exc:
-                log.error("MPS server delete failed", mps_server=name, error=str(exc))
-
     def _reset_compute_modes(self) -> None:
         self._modes.reset_unused({t.gpu.uuid for t in self._ledger.wanted_targets()})
 
     def _remove_orphans(self, wanted: set[str]) -> None:
-        for daemon in self.daemons.values():
-            try:
-                servers = daemon.control.server_list()
-            except MpsCommandError:
-                continue
-            for server in servers:
-                owner = claim_uid_of_server(server.name)
-                if owner is not None:
-                    if owner not in wanted:
-                        try:
-                            self._remove_claim_server(daemon, server.name, owner)
-                        except MpsError as exc:
-                            log.error(
-                                "orphaned MPS server not removed", claim_uid=owner, error=str(exc)
-                            )
-                    continue
-                try:
-                    rows = daemon.control.namespace_list(server.name)
-                except MpsCommandError:
-                    continue
-                for row in rows:
-                    uid = claim_uid_of(row.name)
-                    if uid is None or uid in wanted:
-                        continue
+        for _, daemon, server in self._objects.servers():
+            owner = claim_uid_of_server(server.name)
+            if owner is not None:
+                if owner not in wanted:
                     try:
-                        self._delete_orphan(daemon, server.name, row.name, uid)
+                        removal.remove_claim_server(daemon, server.name, owner)
                     except MpsError as exc:
                         log.error(
-                            "orphaned MPS namespace not removed", claim_uid=uid, error=str(exc)
+                            "orphaned MPS server not removed", claim_uid=owner, error=str(exc)
                         )
+                continue
+            try:
+                rows = daemon.control.namespace_list(server.name)
+            except MpsCommandError:
+                continue
+            for row in rows:
+                uid = claim_uid_of(row.name)
+                if uid is None or uid in wanted:
+                    continue
+                try:
+                    removal.delete_orphan(daemon, server.name, row.name, uid)
+                except MpsError as exc:
+                    log.error("orphaned MPS namespace not removed", claim_uid=uid, error=str(exc))
 
     def _remove_idle_servers(self) -> None:
         used = {(t.mode, t.server) for t in self.targets() if t.uses_mps}
         ours = (SERVER_PREFIX, DEDICATED_PREFIX)
-        for mode, daemon in self.daemons.items():
-            try:
-                servers = daemon.control.server_list()
-            except MpsCommandError:
+        for mode, daemon, server in self._objects.servers():
+            if not server.name.startswith(ours) or (mode, server.name) in used:
                 continue
-            for server in servers:
-                if not server.name.startswith(ours) or (mode, server.name) in used:
-                    continue
-                log.info("removing MPS server without claims", mps_server=server.name, mode=mode)
-                try:
-                    daemon.control.server_delete(server.name, force=True)
-                except MpsCommandError as exc:
-                    log.warning("MPS server delete failed", mps_server=server.name, error=str(exc))
-
-    def _delete_orphan(self, daemon: MpsDaemon, server: str, ns: str, uid: str) -> None:
-        ctl = daemon.control
-        self._terminate_clients(ctl, server, ns)
-        ctl.namespace_delete(ns, server, force=True)
-        shutil.rmtree(daemon.pipe_dir / server / ns, ignore_errors=True)
-        log.info(
-            "orphaned MPS namespace removed", claim_uid=uid, mps_namespace=ns, mps_server=server
-        )
+            log.info("removing MPS server without claims", mps_server=server.name, mode=mode)
+            try:
+                daemon.control.server_delete(server.name, force=True)
+            except MpsCommandError as exc:
+                log.warning("MPS server delete failed", mps_server=server.name, error=str(exc))
 
     def _release_unknown(self, claim_uid: str) -> None:
         ns = namespace_name(claim_uid)
         own = dedicated_server_name(claim_uid)
-        for daemon in self.daemons.values():
-            try:
-                servers = daemon.control.server_list()
-            except MpsCommandError:
-                continue
-            for server in servers:
-                if server.name == own:
-                    self._remove_claim_server(daemon, own, claim_uid)
-                elif any(r.name == ns for r in daemon.control.namespace_list(server.name)):
-                    self._delete_orphan(daemon, server.name, ns, claim_uid)
+        for _, daemon, server in self._objects.servers():
+            if server.name == own:
+                removal.remove_claim_server(daemon, own, claim_uid)
+            elif any(r.name == ns for r in daemon.control.namespace_list(server.name)):
+                removal.delete_orphan(daemon, server.name, ns, claim_uid)
         self.janitor.release(claim_uid, [], 0)
 
     def _note_pipe(
