@@ -40,7 +40,6 @@ import structlog
 
 from dra_driver import budget
 from dra_driver.cdi import ContainerEdits
-from dra_driver.gpus import Gpu
 from dra_driver.mps import removal
 from dra_driver.mps.base import MpsError
 from dra_driver.mps.computemode import ComputeModes
@@ -51,25 +50,21 @@ from dra_driver.mps.control import (
 from dra_driver.mps.daemon import MODES, MpsDaemon
 from dra_driver.mps.janitor import SoftLimitJanitor
 from dra_driver.mps.ledger import Applied, Ledger
+from dra_driver.mps.lifecycle import ClaimLifecycle
 from dra_driver.mps.names import (
     DEDICATED_PREFIX,
     SERVER_PREFIX,
     claim_uid_of,
     claim_uid_of_server,
-    dedicated_server_name,
-    mib,
-    namespace_name,
 )
-from dra_driver.mps.nvml import NvmlError, NvmlFacade
-from dra_driver.mps.objects import MpsObjects
+from dra_driver.mps.nvml import NvmlFacade
+from dra_driver.mps.objects import EFFECT_ERRORS, MpsObjects
 from dra_driver.mps.targets import (
     CONTAINER_PIPE_DIR,
     DEFAULT_ROOT,
     TIERS,
     FractionTarget,
     MpsOptions,
-    check_mode_conflicts,
-    claim_edits,
     plan_targets,
     target_edits,
 )
@@ -89,8 +84,6 @@ __all__ = [
 ]
 
 log = structlog.get_logger(__name__)
-
-_EFFECT_ERRORS = (MpsError, NvmlError, OSError)
 
 
 @dataclass(frozen=True)
@@ -150,6 +143,9 @@ class MpsEnforcer:
         )
         self._modes = ComputeModes(opts.mps_root, nvml)
         self._objects = MpsObjects(self.daemons, opts, nvml, self._modes, sleep)
+        self._life = ClaimLifecycle(
+            self.tiers, opts, self._ledger, self._objects, self._modes, self.janitor
+        )
         self.daemon_restarts = 0
         """Daemon restarts done by :meth:`check_health` after a crash."""
 
@@ -162,51 +158,7 @@ class MpsEnforcer:
                 claim is then fully rolled back.
         """
         with self._held():
-            ref = plan.claim
-            bound = log.bind(claim_uid=ref.uid, namespace=ref.namespace, name=ref.name)
-            gone = sorted({d.gpu.uuid for d in plan.devices if d.gpu.uuid not in self.tiers})
-            if gone:
-                # Not "tier none": the claim's container may still run with an MPS mount.
-                raise MpsError(
-                    f"claim {ref.namespace}/{ref.name}: GPU(s) {', '.join(gone)} not on this "
-                    "node (any more)"
-                )
-            targets = plan_targets(plan, self.tiers, self.options.default_active_thread_percentage)
-            check_mode_conflicts(
-                ref.uid, targets, ((uid, a.targets) for uid, a in self._ledger.claims.items())
-            )
-            previous = self._ledger.claims.pop(ref.uid, None)
-            applied = Applied(plan, targets)
-            done: dict[tuple[str, str], str] = {}
-            try:
-                for t in targets:
-                    if not t.uses_mps:
-                        bound.warning(
-                            "GPU memory NOT capped: no usable MPS on this GPU (tier none)",
-                            gpu=t.gpu.uuid,
-                            gpu_index=t.gpu.index,
-                        )
-                        continue
-                    key = (t.server, t.namespace)
-                    if key not in done:
-                        done[key] = self._objects.ensure(t)
-                    applied.record_pipe(t.gpu.uuid, done[key])
-            except _EFFECT_ERRORS as exc:
-                bound.error("MPS enforcement failed; claim rolled back", error=str(exc))
-                if previous is not None:
-                    # Its container still runs: keep retrying it (check_health).
-                    self._ledger.pending[ref.uid] = plan
-                self._teardown(targets + (previous.targets if previous else ()))
-                raise MpsError(f"claim {ref.namespace}/{ref.name}: {exc}") from exc
-            self._ledger.claims[ref.uid] = applied
-            self._ledger.pending.pop(ref.uid, None)
-            if previous:
-                kept = {(t.mode, t.server) for t in targets if t.uses_mps}
-                stale = tuple(t for t in previous.targets if (t.mode, t.server) not in kept)
-                self._teardown(stale, also_idle=previous.targets)
-            for t in targets:
-                self._log_target(bound, t, applied.pipes.get(t.gpu.uuid))
-            return claim_edits(targets, self.options, applied.pipes)
+            return self._life.apply(plan)
 
     def enforced(self, plan: ClaimPlan) -> bool:
         """Whether ``plan`` is applied (not pending a retry) and its namespaces' pipe
@@ -230,32 +182,7 @@ class MpsEnforcer:
                 stays recorded so that a retry repeats the release.
         """
         with self._held():
-            ns = namespace_name(claim_uid)
-            self._ledger.pending.pop(claim_uid, None)
-            applied = self._ledger.claims.get(claim_uid)
-            bound = log.bind(claim_uid=claim_uid, mps_namespace=ns)
-            if applied is None:
-                self._release_unknown(claim_uid)
-                return
-            errors = []
-            for t in _by_server(applied.targets):
-                try:
-                    removal.remove_target(self.daemons[t.mode], t)
-                except _EFFECT_ERRORS as exc:
-                    where = f"MPS server {t.server}" if t.dedicated else f"GPU {t.gpu.index}"
-                    errors.append(f"{where}: {exc}")
-            if errors:
-                bound.error("MPS release failed", errors=errors)
-                raise MpsError(f"releasing claim {claim_uid}: " + "; ".join(errors))
-            hard = [t for t in applied.targets if t.tier == "hard"]
-            self.janitor.release(
-                claim_uid,
-                [t.gpu.uuid for t in hard],
-                max((t.request_bytes for t in hard), default=0),
-            )
-            del self._ledger.claims[claim_uid]
-            self._idle(applied.targets)
-            bound.info("claim released", gpus=[t.gpu.uuid for t in applied.targets])
+            self._life.release(claim_uid)
 
     def restore(self, plans: Sequence[ClaimPlan]) -> None:
         """Re-apply every prepared claim after a plugin start: remove MPS namespaces (and
@@ -268,7 +195,7 @@ class MpsEnforcer:
             self._remove_orphans({p.claim.uid for p in plans})
             for plan in plans:
                 try:
-                    self.apply(plan)
+                    self._life.apply(plan)
                 except MpsError as exc:
                     self._ledger.pending[plan.claim.uid] = plan
                     log.error(
@@ -279,7 +206,7 @@ class MpsEnforcer:
                         error=str(exc),
                     )
             self._remove_idle_servers()
-            self._reset_compute_modes()
+            self._life.reset_compute_modes()
             for mode, daemon in self.daemons.items():
                 if not self._ledger.mode_targets(mode) and daemon.alive():
                     daemon.stop()
@@ -300,7 +227,7 @@ class MpsEnforcer:
         with self._lock:
             for uid, plan in list(self._ledger.pending.items()):
                 try:
-                    self.apply(plan)
+                    self._life.apply(plan)
                 except MpsError as exc:
                     log.warning("pending claim still not restored", claim_uid=uid, error=str(exc))
             health: dict[str, GpuHealth] = {}
@@ -327,7 +254,7 @@ class MpsEnforcer:
                     if key not in done:
                         try:
                             done[key] = self._objects.ensure(t)
-                        except _EFFECT_ERRORS as exc:
+                        except EFFECT_ERRORS as exc:
                             bound.error(
                                 "MPS enforcement broken", mps_server=t.server, error=str(exc)
                             )
@@ -338,7 +265,7 @@ class MpsEnforcer:
                         continue
                     self._note_pipe(t, result, bound)
                     health.setdefault(t.gpu.uuid, GpuHealth(t.gpu.uuid, True))
-            self._reset_compute_modes()  # retry restores that failed while the plugin runs
+            self._life.reset_compute_modes()  # retry restores that failed while the plugin runs
             return health
 
     # accounting -----------------------------------------------------------------------
@@ -399,46 +326,6 @@ class MpsEnforcer:
         finally:
             self._lock.release()
 
-    def _teardown(
-        self, targets: Sequence[FractionTarget], also_idle: Sequence[FractionTarget] = ()
-    ) -> None:
-        """Best effort: remove what ``targets`` set up and idle what nobody needs (GPUs of
-        ``targets`` and ``also_idle``)."""
-        for t in _by_server(targets):
-            try:
-                removal.remove_target(self.daemons[t.mode], t)
-            except _EFFECT_ERRORS as exc:
-                log.warning(
-                    "rollback: MPS removal failed",
-                    claim_uid=t.claim.uid,
-                    mps_server=t.server,
-                    error=str(exc),
-                )
-        self._idle(tuple(targets) + tuple(also_idle))
-
-    def _idle(self, targets: Sequence[FractionTarget]) -> None:
-        """Delete shared servers, reset compute modes and stop daemons no claim needs any more."""
-        users = self._ledger.wanted_targets()
-        seen: dict[tuple[str, str], Gpu] = {}
-        for t in targets:
-            if t.uses_mps:
-                seen.setdefault((t.mode, t.gpu.uuid), t.gpu)
-        for (mode, uuid), gpu in seen.items():
-            on_gpu = [o for o in users if o.gpu.uuid == uuid]
-            try:
-                if not any(o.mode == mode and not o.dedicated for o in on_gpu):
-                    removal.delete_shared_server(self.daemons[mode], gpu)
-                if not on_gpu:
-                    self._modes.restore(uuid)
-            except _EFFECT_ERRORS as exc:
-                log.error("retiring MPS server failed", gpu=uuid, error=str(exc))
-        for mode, daemon in self.daemons.items():
-            if any(t.mode == mode for t in targets) and not any(u.mode == mode for u in users):
-                daemon.stop()
-
-    def _reset_compute_modes(self) -> None:
-        self._modes.reset_unused({t.gpu.uuid for t in self._ledger.wanted_targets()})
-
     def _remove_orphans(self, wanted: set[str]) -> None:
         for _, daemon, server in self._objects.servers():
             owner = claim_uid_of_server(server.name)
@@ -476,16 +363,6 @@ class MpsEnforcer:
             except MpsCommandError as exc:
                 log.warning("MPS server delete failed", mps_server=server.name, error=str(exc))
 
-    def _release_unknown(self, claim_uid: str) -> None:
-        ns = namespace_name(claim_uid)
-        own = dedicated_server_name(claim_uid)
-        for _, daemon, server in self._objects.servers():
-            if server.name == own:
-                removal.remove_claim_server(daemon, own, claim_uid)
-            elif any(r.name == ns for r in daemon.control.namespace_list(server.name)):
-                removal.delete_orphan(daemon, server.name, ns, claim_uid)
-        self.janitor.release(claim_uid, [], 0)
-
     def _note_pipe(
         self, t: FractionTarget, pipe: str, bound: structlog.typing.FilteringBoundLogger
     ) -> None:
@@ -498,45 +375,3 @@ class MpsEnforcer:
                 "old one and must be restarted to reach MPS",
                 pipe_dir=pipe,
             )
-
-    def _log_target(
-        self, bound: structlog.typing.FilteringBoundLogger, t: FractionTarget, pipe: str | None
-    ) -> None:
-        fields = {
-            "gpu": t.gpu.uuid,
-            "gpu_index": t.gpu.index,
-            "compute_mode": t.mode,
-            "tier": t.tier,
-            "request_mib": mib(t.request_bytes),
-            "limit_mib": mib(t.limit_bytes),
-            "threads": t.threads,
-        }
-        if t.tier == "cooperative":
-            bound.warning(
-                "fraction enforced cooperatively: MPS namespace pinned limit only; the driver "
-                "does not cap the container's cgroup",
-                mps_server=t.server,
-                mps_namespace=t.namespace,
-                pipe_dir=pipe,
-                **fields,
-            )
-        elif t.tier == "hard":
-            bound.info(
-                "fraction enforced (hard)",
-                mps_server=t.server,
-                mps_namespace=t.namespace,
-                pipe_dir=pipe,
-                **fields,
-            )
-
-
-def _by_server(targets: Sequence[FractionTarget]) -> list[FractionTarget]:
-    """MPS targets, one per (mode, server, namespace): a multi-GPU claim's GPUs share one."""
-    seen: set[tuple[str, str, str]] = set()
-    out = []
-    for t in targets:
-        key = (t.mode, t.server, t.namespace)
-        if t.uses_mps and key not in seen:
-            seen.add(key)
-            out.append(t)
-    return out

@@ -17,7 +17,7 @@ from dra_driver.mps.computemode import ComputeModes
 from dra_driver.mps.control import MpsCommandError, MpsControl, NamespaceRow, ServerRow
 from dra_driver.mps.daemon import MpsDaemon
 from dra_driver.mps.names import memory_arg
-from dra_driver.mps.nvml import NvmlFacade
+from dra_driver.mps.nvml import NvmlError, NvmlFacade
 from dra_driver.mps.removal import terminate_clients
 from dra_driver.mps.targets import (
     FractionTarget,
@@ -28,6 +28,9 @@ from dra_driver.mps.targets import (
 )
 
 log = structlog.get_logger(__name__)
+
+EFFECT_ERRORS = (MpsError, NvmlError, OSError)
+"""What :meth:`MpsObjects.ensure` and the removals may raise: an MPS command, NVML, the disk."""
 
 _BAD_STATUS = ("fail", "error", "exit", "fault", "dead", "terminat", "stop")
 _READY = "ready"
