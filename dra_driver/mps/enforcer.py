@@ -40,25 +40,18 @@ import structlog
 
 from dra_driver import budget
 from dra_driver.cdi import ContainerEdits
-from dra_driver.mps import removal
 from dra_driver.mps.base import MpsError
 from dra_driver.mps.computemode import ComputeModes
 from dra_driver.mps.control import (
     ClientRow,
-    MpsCommandError,
 )
 from dra_driver.mps.daemon import MODES, MpsDaemon
 from dra_driver.mps.janitor import SoftLimitJanitor
 from dra_driver.mps.ledger import Applied, Ledger
 from dra_driver.mps.lifecycle import ClaimLifecycle
-from dra_driver.mps.names import (
-    DEDICATED_PREFIX,
-    SERVER_PREFIX,
-    claim_uid_of,
-    claim_uid_of_server,
-)
 from dra_driver.mps.nvml import NvmlFacade
 from dra_driver.mps.objects import EFFECT_ERRORS, MpsObjects
+from dra_driver.mps.restore import restore_claims
 from dra_driver.mps.targets import (
     CONTAINER_PIPE_DIR,
     DEFAULT_ROOT,
@@ -191,30 +184,7 @@ class MpsEnforcer:
         :meth:`check_health`.
         """
         with self._lock:
-            self._ledger.keep_only(plans)
-            self._remove_orphans({p.claim.uid for p in plans})
-            for plan in plans:
-                try:
-                    self._life.apply(plan)
-                except MpsError as exc:
-                    self._ledger.pending[plan.claim.uid] = plan
-                    log.error(
-                        "claim not restored; will retry",
-                        claim_uid=plan.claim.uid,
-                        namespace=plan.claim.namespace,
-                        name=plan.claim.name,
-                        error=str(exc),
-                    )
-            self._remove_idle_servers()
-            self._life.reset_compute_modes()
-            for mode, daemon in self.daemons.items():
-                if not self._ledger.mode_targets(mode) and daemon.alive():
-                    daemon.stop()
-            log.info(
-                "MPS state restored",
-                claims=len(self._ledger.claims),
-                pending=len(self._ledger.pending),
-            )
+            restore_claims(self._life, plans)
 
     # supervision ----------------------------------------------------------------------
     def check_health(self) -> dict[str, GpuHealth]:
@@ -325,43 +295,6 @@ class MpsEnforcer:
             yield
         finally:
             self._lock.release()
-
-    def _remove_orphans(self, wanted: set[str]) -> None:
-        for _, daemon, server in self._objects.servers():
-            owner = claim_uid_of_server(server.name)
-            if owner is not None:
-                if owner not in wanted:
-                    try:
-                        removal.remove_claim_server(daemon, server.name, owner)
-                    except MpsError as exc:
-                        log.error(
-                            "orphaned MPS server not removed", claim_uid=owner, error=str(exc)
-                        )
-                continue
-            try:
-                rows = daemon.control.namespace_list(server.name)
-            except MpsCommandError:
-                continue
-            for row in rows:
-                uid = claim_uid_of(row.name)
-                if uid is None or uid in wanted:
-                    continue
-                try:
-                    removal.delete_orphan(daemon, server.name, row.name, uid)
-                except MpsError as exc:
-                    log.error("orphaned MPS namespace not removed", claim_uid=uid, error=str(exc))
-
-    def _remove_idle_servers(self) -> None:
-        used = {(t.mode, t.server) for t in self.targets() if t.uses_mps}
-        ours = (SERVER_PREFIX, DEDICATED_PREFIX)
-        for mode, daemon, server in self._objects.servers():
-            if not server.name.startswith(ours) or (mode, server.name) in used:
-                continue
-            log.info("removing MPS server without claims", mps_server=server.name, mode=mode)
-            try:
-                daemon.control.server_delete(server.name, force=True)
-            except MpsCommandError as exc:
-                log.warning("MPS server delete failed", mps_server=server.name, error=str(exc))
 
     def _note_pipe(
         self, t: FractionTarget, pipe: str, bound: structlog.typing.FilteringBoundLogger
