@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from dra_driver.cdi import ContainerEdits
@@ -11,6 +12,15 @@ from dra_driver.prepare import ClaimPlan
 
 class MpsError(RuntimeError):
     """Enforcement failed for one claim (daemon down, command refused); message is user-facing."""
+
+
+@dataclass(frozen=True)
+class GpuHealth:
+    """Health of MPS enforcement on one GPU (from :meth:`MpsEnforcer.check_health`)."""
+
+    gpu_uuid: str
+    healthy: bool
+    detail: str = ""
 
 
 class FractionEnforcer(Protocol):

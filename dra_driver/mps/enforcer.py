@@ -33,24 +33,24 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
 from dra_driver import budget
 from dra_driver.cdi import ContainerEdits
-from dra_driver.mps.base import MpsError
+from dra_driver.mps.base import GpuHealth, MpsError
 from dra_driver.mps.computemode import ComputeModes
 from dra_driver.mps.control import (
     ClientRow,
 )
 from dra_driver.mps.daemon import MODES, MpsDaemon
+from dra_driver.mps.health import HealthRepair
 from dra_driver.mps.janitor import SoftLimitJanitor
 from dra_driver.mps.ledger import Applied, Ledger
 from dra_driver.mps.lifecycle import ClaimLifecycle
 from dra_driver.mps.nvml import NvmlFacade
-from dra_driver.mps.objects import EFFECT_ERRORS, MpsObjects
+from dra_driver.mps.objects import MpsObjects
 from dra_driver.mps.restore import restore_claims
 from dra_driver.mps.targets import (
     CONTAINER_PIPE_DIR,
@@ -77,15 +77,6 @@ __all__ = [
 ]
 
 log = structlog.get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class GpuHealth:
-    """Health of MPS enforcement on one GPU (from :meth:`MpsEnforcer.check_health`)."""
-
-    gpu_uuid: str
-    healthy: bool
-    detail: str = ""
 
 
 class MpsEnforcer:
@@ -139,8 +130,7 @@ class MpsEnforcer:
         self._life = ClaimLifecycle(
             self.tiers, opts, self._ledger, self._objects, self._modes, self.janitor
         )
-        self.daemon_restarts = 0
-        """Daemon restarts done by :meth:`check_health` after a crash."""
+        self._health = HealthRepair(self._life)
 
     # FractionEnforcer -----------------------------------------------------------------
     def apply(self, plan: ClaimPlan) -> Mapping[str, ContainerEdits]:
@@ -195,48 +185,12 @@ class MpsEnforcer:
         a missing namespace re-created. Returns the health of each GPU with claims.
         """
         with self._lock:
-            for uid, plan in list(self._ledger.pending.items()):
-                try:
-                    self._life.apply(plan)
-                except MpsError as exc:
-                    log.warning("pending claim still not restored", claim_uid=uid, error=str(exc))
-            health: dict[str, GpuHealth] = {}
-            for mode, daemon in self.daemons.items():
-                targets = self._ledger.mode_targets(mode)
-                if not targets:
-                    continue
-                if not daemon.alive():
-                    self.daemon_restarts += 1
-                    log.error(
-                        "MPS control daemon not answering; restarting and re-applying claims",
-                        mode=mode,
-                        claims=sorted({t.claim.uid for t in targets}),
-                    )
-                done: dict[tuple[str, str], str | Exception] = {}
-                for t in targets:
-                    bound = log.bind(
-                        claim_uid=t.claim.uid,
-                        namespace=t.claim.namespace,
-                        name=t.claim.name,
-                        gpu=t.gpu.uuid,
-                    )
-                    key = (t.server, t.namespace)
-                    if key not in done:
-                        try:
-                            done[key] = self._objects.ensure(t)
-                        except EFFECT_ERRORS as exc:
-                            bound.error(
-                                "MPS enforcement broken", mps_server=t.server, error=str(exc)
-                            )
-                            done[key] = exc
-                    result = done[key]
-                    if isinstance(result, Exception):
-                        health[t.gpu.uuid] = GpuHealth(t.gpu.uuid, False, str(result))
-                        continue
-                    self._note_pipe(t, result, bound)
-                    health.setdefault(t.gpu.uuid, GpuHealth(t.gpu.uuid, True))
-            self._life.reset_compute_modes()  # retry restores that failed while the plugin runs
-            return health
+            return self._health.check()
+
+    @property
+    def daemon_restarts(self) -> int:
+        """Control daemons :meth:`check_health` found not answering (and restarted) so far."""
+        return self._health.daemon_restarts
 
     # accounting -----------------------------------------------------------------------
     def targets(self) -> list[FractionTarget]:
@@ -295,16 +249,3 @@ class MpsEnforcer:
             yield
         finally:
             self._lock.release()
-
-    def _note_pipe(
-        self, t: FractionTarget, pipe: str, bound: structlog.typing.FilteringBoundLogger
-    ) -> None:
-        applied = self._ledger.claims.get(t.claim.uid)
-        if applied is None:
-            return
-        if applied.record_pipe(t.gpu.uuid, pipe):
-            bound.warning(
-                "claim's MPS pipe directory was re-created; running containers still see the "
-                "old one and must be restarted to reach MPS",
-                pipe_dir=pipe,
-            )
