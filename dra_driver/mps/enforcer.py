@@ -25,6 +25,11 @@ Layout on the node (host paths; the plugin sees them at the same paths):
 - ``<root>/mps/compute-mode/<uuid>``: marker of a GPU whose compute mode we changed (so a
   restarted plugin puts it back to DEFAULT when no claim needs it);
 - ``<root>/cgroups/<claim-uid>/``: the record hook's files (:mod:`.janitor`).
+
+:class:`MpsEnforcer` is the locked facade over its parts: :mod:`.ledger` (the claims' records),
+:mod:`.objects` and :mod:`.removal` (daemons, servers, namespaces), :mod:`.computemode`,
+:mod:`.lifecycle` (apply and release one claim), :mod:`.restore` (after a plugin start) and
+:mod:`.health` (check and repair).
 """
 
 from __future__ import annotations
@@ -35,15 +40,11 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-import structlog
-
 from dra_driver import budget
 from dra_driver.cdi import ContainerEdits
 from dra_driver.mps.base import GpuHealth, MpsError
 from dra_driver.mps.computemode import ComputeModes
-from dra_driver.mps.control import (
-    ClientRow,
-)
+from dra_driver.mps.control import ClientRow
 from dra_driver.mps.daemon import MODES, MpsDaemon
 from dra_driver.mps.health import HealthRepair
 from dra_driver.mps.janitor import SoftLimitJanitor
@@ -76,8 +77,6 @@ __all__ = [
     "target_edits",
 ]
 
-log = structlog.get_logger(__name__)
-
 
 class MpsEnforcer:
     """Enforces fractions with MPS v3 (and the driver's cgroup limits on ``hard`` GPUs).
@@ -108,7 +107,6 @@ class MpsEnforcer:
             raise MpsError("default_active_thread_percentage must be in 1..100")
         self.tiers = dict(tiers)
         self.nvml = nvml
-        self._sleep = sleep
         self._lock = threading.RLock()
         self._ledger = Ledger(self.tiers, opts.default_active_thread_percentage)
         self.daemons: dict[str, MpsDaemon] = {
