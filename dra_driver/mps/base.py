@@ -16,7 +16,8 @@ class MpsError(RuntimeError):
 
 @dataclass(frozen=True)
 class GpuHealth:
-    """Health of MPS enforcement on one GPU (from :meth:`MpsEnforcer.check_health`)."""
+    """Health of enforcement on one GPU (from :meth:`FractionEnforcer.check_health`);
+    ``detail`` says what failed."""
 
     gpu_uuid: str
     healthy: bool
@@ -53,4 +54,10 @@ class FractionEnforcer(Protocol):
         """Re-apply every prepared claim after a plugin or daemon restart, and remove what
         claims not in ``plans`` left (a plugin killed before recording or after forgetting
         them)."""
+        ...
+
+    def check_health(self) -> Mapping[str, GpuHealth] | None:
+        """Check, and repair, what the applied claims need (the plugin calls it every 10 s):
+        GPU UUID -> health for each GPU with claims; None when this enforcer runs nothing that
+        needs supervising (the plugin then stops asking)."""
         ...
