@@ -99,14 +99,14 @@ class ClaimLifecycle:
             if previous is not None:
                 # Its container still runs: keep retrying it (check_health).
                 self.ledger.pending[ref.uid] = plan
-            self.teardown(targets + (previous.targets if previous else ()))
+            self._teardown(targets + (previous.targets if previous else ()))
             raise MpsError(f"claim {ref.namespace}/{ref.name}: {exc}") from exc
         self.ledger.claims[ref.uid] = applied
         self.ledger.pending.pop(ref.uid, None)
         if previous:
             kept = {(t.mode, t.server) for t in targets if t.uses_mps}
             stale = tuple(t for t in previous.targets if (t.mode, t.server) not in kept)
-            self.teardown(stale, also_idle=previous.targets)
+            self._teardown(stale, also_idle=previous.targets)
         for t in targets:
             self._log_target(bound, t, applied.pipes.get(t.gpu.uuid))
         return claim_edits(targets, self.options, applied.pipes)
@@ -144,10 +144,10 @@ class ClaimLifecycle:
             max((t.request_bytes for t in hard), default=0),
         )
         del self.ledger.claims[claim_uid]
-        self.idle(applied.targets)
+        self._idle(applied.targets)
         bound.info("claim released", gpus=[t.gpu.uuid for t in applied.targets])
 
-    def teardown(
+    def _teardown(
         self, targets: Sequence[FractionTarget], also_idle: Sequence[FractionTarget] = ()
     ) -> None:
         """Best effort: remove what ``targets`` set up and idle what nobody needs (GPUs of
@@ -162,9 +162,9 @@ class ClaimLifecycle:
                     mps_server=t.server,
                     error=str(exc),
                 )
-        self.idle(tuple(targets) + tuple(also_idle))
+        self._idle(tuple(targets) + tuple(also_idle))
 
-    def idle(self, targets: Sequence[FractionTarget]) -> None:
+    def _idle(self, targets: Sequence[FractionTarget]) -> None:
         """Delete shared servers, reset compute modes and stop daemons no claim needs any more."""
         users = self.ledger.wanted_targets()
         seen: dict[tuple[str, str], Gpu] = {}
