@@ -113,27 +113,36 @@ class NodeState:
             return device_health(self._devices, self._seen, self.unhealthy_gpus)
 
 
-def supervise(enforcer: MpsEnforcer, state: NodeState, stop: threading.Event) -> None:
-    """Check (and repair) MPS every 10 s; GPUs failing the check are reported unhealthy."""
-    while not stop.wait(10.0):
-        check_mps(enforcer, state)
+def supervise(
+    enforcer: FractionEnforcer, state: NodeState, stop: threading.Event, interval: float = 10.0
+) -> None:
+    """Check (and repair) MPS every ``interval`` seconds until ``stop`` is set; GPUs failing
+    the check are reported unhealthy. Returns early when the enforcer has nothing to supervise
+    (simulated GPUs)."""
+    while not stop.wait(interval):
+        if not check_mps(enforcer, state):
+            return
 
 
 def check_mps(
-    enforcer: MpsEnforcer, state: NodeState, seconds: float = HEALTH_CHECK_BUDGET_S
-) -> None:
+    enforcer: FractionEnforcer, state: NodeState, seconds: float = HEALTH_CHECK_BUDGET_S
+) -> bool:
     """One MPS health check (repairs and retries of pending claims included) within
     ``seconds``: it holds the enforcer, which Prepare needs. Updates ``state.unhealthy_gpus``;
-    a check that fails as a whole is logged and leaves them as they were."""
+    a check that fails as a whole is logged and leaves them as they were. Returns False when
+    the enforcer has nothing to supervise (``check_health`` gave None), else True."""
     try:
         with budget.within(Budget.of(seconds)):
             results = enforcer.check_health()
     except Exception as exc:  # keep supervising whatever happens
         log.error("MPS health check failed", error=str(exc))
-        return
+        return True
+    if results is None:
+        return False
     state.unhealthy_gpus = {
         uuid: r.detail or "MPS unhealthy" for uuid, r in results.items() if not r.healthy
     }
+    return True
 
 
 KUBECONFIG_HINT = (
@@ -289,10 +298,9 @@ def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
     server = PluginServer(driver, paths, state.health, opts.health_interval)
     server.start()
     register_accounting(metrics.registry, driver.prepared_plans, usage)
-    if isinstance(enforcer, MpsEnforcer):
-        threading.Thread(
-            target=supervise, args=(enforcer, state, stop), name="mps-supervisor", daemon=True
-        ).start()
+    threading.Thread(
+        target=supervise, args=(enforcer, state, stop), name="mps-supervisor", daemon=True
+    ).start()
     if opts.metrics_port:
         start_http_server(
             opts.metrics_port, addr=opts.metrics_bind_address, registry=metrics.registry

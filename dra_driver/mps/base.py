@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from dra_driver.cdi import ContainerEdits
@@ -12,6 +13,16 @@ from dra_driver.prepare import ClaimPlan
 
 class MpsError(ClaimError, RuntimeError):
     """Enforcement failed for one claim (daemon down, command refused); message is user-facing."""
+
+
+@dataclass(frozen=True)
+class GpuHealth:
+    """Health of enforcement on one GPU (from :meth:`FractionEnforcer.check_health`);
+    ``detail`` says what failed."""
+
+    gpu_uuid: str
+    healthy: bool
+    detail: str = ""
 
 
 class FractionEnforcer(Protocol):
@@ -44,4 +55,10 @@ class FractionEnforcer(Protocol):
         """Re-apply every prepared claim after a plugin or daemon restart, and remove what
         claims not in ``plans`` left (a plugin killed before recording or after forgetting
         them)."""
+        ...
+
+    def check_health(self) -> Mapping[str, GpuHealth] | None:
+        """Check, and repair, what the applied claims need (the plugin calls it every 10 s):
+        GPU UUID -> health for each GPU with claims; None when this enforcer runs nothing that
+        needs supervising (the plugin then stops asking)."""
         ...

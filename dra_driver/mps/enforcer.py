@@ -25,58 +25,39 @@ Layout on the node (host paths; the plugin sees them at the same paths):
 - ``<root>/mps/compute-mode/<uuid>``: marker of a GPU whose compute mode we changed (so a
   restarted plugin puts it back to DEFAULT when no claim needs it);
 - ``<root>/cgroups/<claim-uid>/``: the record hook's files (:mod:`.janitor`).
+
+:class:`MpsEnforcer` is the locked facade over its parts: :mod:`.ledger` (the claims' records),
+:mod:`.objects` and :mod:`.removal` (daemons, servers, namespaces), :mod:`.computemode`,
+:mod:`.lifecycle` (apply and release one claim), :mod:`.restore` (after a plugin start) and
+:mod:`.health` (check and repair).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import structlog
-
 from dra_driver import budget
-from dra_driver.atomicfile import ensure_dir
 from dra_driver.cdi import ContainerEdits
-from dra_driver.gpus import Gpu
-from dra_driver.mps.base import MpsError
-from dra_driver.mps.control import (
-    ClientRow,
-    MpsCommandError,
-    MpsControl,
-    MpsTimeout,
-    NamespaceRow,
-    ServerRow,
-)
+from dra_driver.mps.base import GpuHealth, MpsError
+from dra_driver.mps.computemode import ComputeModes
+from dra_driver.mps.control import ClientRow
 from dra_driver.mps.daemon import MODES, MpsDaemon
+from dra_driver.mps.health import HealthRepair
 from dra_driver.mps.janitor import SoftLimitJanitor
-from dra_driver.mps.names import (
-    DEDICATED_PREFIX,
-    SERVER_PREFIX,
-    claim_uid_of,
-    claim_uid_of_server,
-    dedicated_server_name,
-    memory_arg,
-    mib,
-    namespace_name,
-    server_name,
-)
-from dra_driver.mps.nvml import NvmlError, NvmlFacade
+from dra_driver.mps.ledger import Applied, Ledger
+from dra_driver.mps.lifecycle import ClaimLifecycle
+from dra_driver.mps.nvml import NvmlFacade
+from dra_driver.mps.objects import MpsObjects
+from dra_driver.mps.restore import restore_claims
 from dra_driver.mps.targets import (
     CONTAINER_PIPE_DIR,
     DEFAULT_ROOT,
     FractionTarget,
     MpsOptions,
-    check_mode_conflicts,
-    claim_edits,
-    gpus_text,
-    namespace_drift,
-    namespace_pipe_dir,
     plan_targets,
     target_edits,
 )
@@ -93,29 +74,6 @@ __all__ = [
     "plan_targets",
     "target_edits",
 ]
-
-log = structlog.get_logger(__name__)
-
-_BAD_STATUS = ("fail", "error", "exit", "fault", "dead", "terminat", "stop")
-_READY = "ready"
-_EFFECT_ERRORS = (MpsError, NvmlError, OSError)
-
-
-@dataclass(frozen=True)
-class GpuHealth:
-    """Health of MPS enforcement on one GPU (from :meth:`MpsEnforcer.check_health`)."""
-
-    gpu_uuid: str
-    healthy: bool
-    detail: str = ""
-
-
-@dataclass
-class _Applied:
-    plan: ClaimPlan
-    targets: tuple[FractionTarget, ...]
-    pipes: dict[str, str] = field(default_factory=dict)
-    inodes: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 class MpsEnforcer:
@@ -147,10 +105,8 @@ class MpsEnforcer:
             raise MpsError("default_active_thread_percentage must be in 1..100")
         self.tiers = dict(tiers)
         self.nvml = nvml
-        self._sleep = sleep
         self._lock = threading.RLock()
-        self._claims: dict[str, _Applied] = {}
-        self._pending: dict[str, ClaimPlan] = {}
+        self._ledger = Ledger(self.tiers, opts.default_active_thread_percentage)
         self.daemons: dict[str, MpsDaemon] = {
             mode: MpsDaemon(
                 mode,
@@ -165,8 +121,12 @@ class MpsEnforcer:
         self.janitor = SoftLimitJanitor(
             opts.record_root, nvml, Path(opts.cgroup_root), opts.dmem_backend
         )
-        self.daemon_restarts = 0
-        """Daemon restarts done by :meth:`check_health` after a crash."""
+        self._modes = ComputeModes(opts.mps_root, nvml)
+        self._objects = MpsObjects(self.daemons, opts, nvml, self._modes, sleep)
+        self._life = ClaimLifecycle(
+            self.tiers, opts, self._ledger, self._objects, self._modes, self.janitor
+        )
+        self._health = HealthRepair(self._life)
 
     # FractionEnforcer -----------------------------------------------------------------
     def apply(self, plan: ClaimPlan) -> Mapping[str, ContainerEdits]:
@@ -177,61 +137,16 @@ class MpsEnforcer:
                 claim is then fully rolled back.
         """
         with self._held():
-            ref = plan.claim
-            bound = log.bind(claim_uid=ref.uid, namespace=ref.namespace, name=ref.name)
-            gone = sorted({d.gpu.uuid for d in plan.devices if d.gpu.uuid not in self.tiers})
-            if gone:
-                # Not "tier none": the claim's container may still run with an MPS mount.
-                raise MpsError(
-                    f"claim {ref.namespace}/{ref.name}: GPU(s) {', '.join(gone)} not on this "
-                    "node (any more)"
-                )
-            targets = plan_targets(plan, self.tiers, self.options.default_active_thread_percentage)
-            check_mode_conflicts(
-                ref.uid, targets, ((uid, a.targets) for uid, a in self._claims.items())
-            )
-            previous = self._claims.pop(ref.uid, None)
-            applied = _Applied(plan, targets)
-            done: dict[tuple[str, str], str] = {}
-            try:
-                for t in targets:
-                    if not t.uses_mps:
-                        bound.warning(
-                            "GPU memory NOT capped: no usable MPS on this GPU (tier none)",
-                            gpu=t.gpu.uuid,
-                            gpu_index=t.gpu.index,
-                        )
-                        continue
-                    key = (t.server, t.namespace)
-                    if key not in done:
-                        done[key] = self._ensure(t)
-                    applied.pipes[t.gpu.uuid] = done[key]
-                    applied.inodes[t.gpu.uuid] = _inode(done[key])
-            except _EFFECT_ERRORS as exc:
-                bound.error("MPS enforcement failed; claim rolled back", error=str(exc))
-                if previous is not None:
-                    # Its container still runs: keep retrying it (check_health).
-                    self._pending[ref.uid] = plan
-                self._teardown(targets + (previous.targets if previous else ()))
-                raise MpsError(f"claim {ref.namespace}/{ref.name}: {exc}") from exc
-            self._claims[ref.uid] = applied
-            self._pending.pop(ref.uid, None)
-            if previous:
-                kept = {(t.mode, t.server) for t in targets if t.uses_mps}
-                stale = tuple(t for t in previous.targets if (t.mode, t.server) not in kept)
-                self._teardown(stale, also_idle=previous.targets)
-            for t in targets:
-                self._log_target(bound, t, applied.pipes.get(t.gpu.uuid))
-            return claim_edits(targets, self.options, applied.pipes)
+            return self._life.apply(plan)
 
     def enforced(self, plan: ClaimPlan) -> bool:
         """Whether ``plan`` is applied (not pending a retry) and its namespaces' pipe
         directories exist; no MPS command (:meth:`check_health` checks MPS itself)."""
         with self._lock:
-            applied = self._claims.get(plan.claim.uid)
+            applied = self._ledger.claims.get(plan.claim.uid)
             return (
                 applied is not None
-                and plan.claim.uid not in self._pending
+                and plan.claim.uid not in self._ledger.pending
                 and applied.plan == plan
                 and all(Path(p).is_dir() for p in applied.pipes.values())
             )
@@ -246,32 +161,7 @@ class MpsEnforcer:
                 stays recorded so that a retry repeats the release.
         """
         with self._held():
-            ns = namespace_name(claim_uid)
-            self._pending.pop(claim_uid, None)
-            applied = self._claims.get(claim_uid)
-            bound = log.bind(claim_uid=claim_uid, mps_namespace=ns)
-            if applied is None:
-                self._release_unknown(claim_uid)
-                return
-            errors = []
-            for t in _by_server(applied.targets):
-                try:
-                    self._remove_target(t)
-                except _EFFECT_ERRORS as exc:
-                    where = f"MPS server {t.server}" if t.dedicated else f"GPU {t.gpu.index}"
-                    errors.append(f"{where}: {exc}")
-            if errors:
-                bound.error("MPS release failed", errors=errors)
-                raise MpsError(f"releasing claim {claim_uid}: " + "; ".join(errors))
-            hard = [t for t in applied.targets if t.tier == "hard"]
-            self.janitor.release(
-                claim_uid,
-                [t.gpu.uuid for t in hard],
-                max((t.request_bytes for t in hard), default=0),
-            )
-            del self._claims[claim_uid]
-            self._idle(applied.targets)
-            bound.info("claim released", gpus=[t.gpu.uuid for t in applied.targets])
+            self._life.release(claim_uid)
 
     def restore(self, plans: Sequence[ClaimPlan]) -> None:
         """Re-apply every prepared claim after a plugin start: remove MPS namespaces (and
@@ -280,30 +170,7 @@ class MpsEnforcer:
         :meth:`check_health`.
         """
         with self._lock:
-            wanted = {p.claim.uid for p in plans}
-            for uid in [u for u in self._claims if u not in wanted]:
-                del self._claims[uid]
-            self._pending = {u: p for u, p in self._pending.items() if u in wanted}
-            self._pending.update({p.claim.uid: p for p in plans if p.claim.uid not in self._claims})
-            self._remove_orphans(wanted)
-            for plan in plans:
-                try:
-                    self.apply(plan)
-                except MpsError as exc:
-                    self._pending[plan.claim.uid] = plan
-                    log.error(
-                        "claim not restored; will retry",
-                        claim_uid=plan.claim.uid,
-                        namespace=plan.claim.namespace,
-                        name=plan.claim.name,
-                        error=str(exc),
-                    )
-            self._remove_idle_servers()
-            self._reset_compute_modes()
-            for mode, daemon in self.daemons.items():
-                if not self._mode_targets(mode) and daemon.alive():
-                    daemon.stop()
-            log.info("MPS state restored", claims=len(self._claims), pending=len(self._pending))
+            restore_claims(self._life, plans)
 
     # supervision ----------------------------------------------------------------------
     def check_health(self) -> dict[str, GpuHealth]:
@@ -314,62 +181,18 @@ class MpsEnforcer:
         a missing namespace re-created. Returns the health of each GPU with claims.
         """
         with self._lock:
-            for uid, plan in list(self._pending.items()):
-                try:
-                    self.apply(plan)
-                except MpsError as exc:
-                    log.warning("pending claim still not restored", claim_uid=uid, error=str(exc))
-            health: dict[str, GpuHealth] = {}
-            for mode, daemon in self.daemons.items():
-                targets = self._mode_targets(mode)
-                if not targets:
-                    continue
-                if not daemon.alive():
-                    self.daemon_restarts += 1
-                    log.error(
-                        "MPS control daemon not answering; restarting and re-applying claims",
-                        mode=mode,
-                        claims=sorted({t.claim.uid for t in targets}),
-                    )
-                done: dict[tuple[str, str], str | Exception] = {}
-                for t in targets:
-                    bound = log.bind(
-                        claim_uid=t.claim.uid,
-                        namespace=t.claim.namespace,
-                        name=t.claim.name,
-                        gpu=t.gpu.uuid,
-                    )
-                    key = (t.server, t.namespace)
-                    if key not in done:
-                        try:
-                            done[key] = self._ensure(t)
-                        except _EFFECT_ERRORS as exc:
-                            bound.error(
-                                "MPS enforcement broken", mps_server=t.server, error=str(exc)
-                            )
-                            done[key] = exc
-                    result = done[key]
-                    if isinstance(result, Exception):
-                        health[t.gpu.uuid] = GpuHealth(t.gpu.uuid, False, str(result))
-                        continue
-                    self._note_pipe(t, result, bound)
-                    health.setdefault(t.gpu.uuid, GpuHealth(t.gpu.uuid, True))
-            self._reset_compute_modes()  # retry restores that failed while the plugin runs
-            return health
+            return self._health.check()
 
-    def supervise(self, stop: threading.Event, interval: float = 10.0) -> None:
-        """Run :meth:`check_health` every ``interval`` seconds until ``stop`` is set."""
-        while not stop.wait(interval):
-            try:
-                self.check_health()
-            except Exception as exc:  # keep supervising whatever happens
-                log.error("MPS health check failed", error=str(exc))
+    @property
+    def daemon_restarts(self) -> int:
+        """Control daemons :meth:`check_health` found not answering (and restarted) so far."""
+        return self._health.daemon_restarts
 
     # accounting -----------------------------------------------------------------------
     def targets(self) -> list[FractionTarget]:
         """Every applied target (all claims, all tiers)."""
         with self._lock:
-            return [t for a in self._claims.values() for t in a.targets]
+            return self._ledger.targets()
 
     def clients(self) -> dict[tuple[str, str], list[ClientRow]]:
         """MPS clients per (claim UID, GPU UUID), from ``client list`` of each used server.
@@ -382,7 +205,7 @@ class MpsEnforcer:
         with self._lock:
             out: dict[tuple[str, str], list[ClientRow]] = {}
             for mode, daemon in self.daemons.items():
-                targets = self._mode_targets(mode)
+                targets = self._ledger.mode_targets(mode)
                 by_server: dict[str, list[ClientRow]] = {}
                 for t in targets:
                     if t.server not in by_server:
@@ -391,6 +214,16 @@ class MpsEnforcer:
                         c for c in by_server[t.server] if c.namespace == t.namespace
                     ]
             return out
+
+    @property
+    def _claims(self) -> dict[str, Applied]:
+        """Applied claims by UID (the ledger's; tests read it)."""
+        return self._ledger.claims
+
+    @property
+    def _pending(self) -> dict[str, ClaimPlan]:
+        """Claims waiting for a retry by UID (the ledger's; tests read it)."""
+        return self._ledger.pending
 
     # internals ------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -412,446 +245,3 @@ class MpsEnforcer:
             yield
         finally:
             self._lock.release()
-
-    def _mode_targets(self, mode: str) -> list[FractionTarget]:
-        return [
-            t for a in self._claims.values() for t in a.targets if t.uses_mps and t.mode == mode
-        ]
-
-    def _wanted_targets(self) -> list[FractionTarget]:
-        """MPS targets of every claim that should be enforced: applied ones and pending ones
-        (not yet re-applied after a restart or a failure). Servers and daemons they use are
-        never retired, so one claim's rollback cannot tear down another's namespace."""
-        wanted = [t for a in self._claims.values() for t in a.targets if t.uses_mps]
-        for plan in self._pending.values():
-            try:
-                targets = plan_targets(
-                    plan, self.tiers, self.options.default_active_thread_percentage
-                )
-            except MpsError:
-                continue
-            wanted.extend(t for t in targets if t.uses_mps)
-        return wanted
-
-    def _ensure(self, t: FractionTarget) -> str:
-        daemon = self.daemons[t.mode]
-        daemon.ensure_running()
-        self._ensure_server(daemon, t.server, t.server_gpus)
-        return self._ensure_namespace(daemon, t)
-
-    def _server_ok(self, row: ServerRow, gpus: Sequence[Gpu]) -> bool:
-        status = row.status.lower()
-        if any(bad in status for bad in _BAD_STATUS):
-            return False
-        devices = row.allowed_devices
-        if not devices:
-            return True
-        if len(gpus) > 1 and len(devices) != len(gpus):
-            return False  # a claim's server made for another set of GPUs
-        return all(g.uuid in devices or str(g.index) in devices for g in gpus)
-
-    def _ensure_server(self, daemon: MpsDaemon, name: str, gpus: Sequence[Gpu]) -> None:
-        ctl = daemon.control
-        row = next((r for r in ctl.server_list() if r.name == name), None)
-        if row is not None and self._server_ok(row, gpus):
-            return
-        if row is not None:
-            log.warning(
-                "replacing failed MPS server",
-                mps_server=name,
-                status=row.status,
-                allowed_devices=list(row.allowed_devices),
-                gpus=[g.uuid for g in gpus],
-            )
-            with contextlib.suppress(MpsCommandError):
-                self._terminate_clients(ctl, name)
-            ctl.server_delete(name, force=True)
-        for gpu in gpus:
-            if not self.nvml.has_gpu(gpu.uuid):
-                raise MpsError(f"GPU {gpu.index} ({gpu.uuid}) is not present on this node (NVML)")
-        for gpu in gpus:
-            self._set_compute_mode(gpu, self.options.compute_mode_for(daemon.mode))
-        ctl.server_create(name, [g.uuid for g in gpus])
-        self._verify_server(daemon, name, gpus)
-        log.info(
-            "MPS server created",
-            mps_server=name,
-            gpus=[g.uuid for g in gpus],
-            gpu_indexes=[g.index for g in gpus],
-            mode=daemon.mode,
-        )
-
-    def _verify_server(self, daemon: MpsDaemon, name: str, gpus: Sequence[Gpu]) -> None:
-        status = ""
-        for attempt in range(max(1, self.options.server_checks)):
-            if attempt:
-                self._sleep(self.options.server_check_interval)
-            row = next((r for r in daemon.control.server_list() if r.name == name), None)
-            if row is None or not self._server_ok(row, gpus):
-                state = (
-                    "vanished" if row is None else f"is {row.status!r} for {row.allowed_devices}"
-                )
-                if row is not None:
-                    with contextlib.suppress(MpsCommandError):
-                        daemon.control.server_delete(name, force=True)
-                tail = daemon.server_log_tail(name)
-                raise MpsError(
-                    f"MPS server {name} for {gpus_text(gpus)} {state} after create; "
-                    "clients would run without MPS limits"
-                    + (f"; server.log: {tail}" if tail else "")
-                )
-            status = row.status
-            if status.lower() == _READY:
-                return
-        log.warning(
-            "MPS server not Ready yet; accepting",
-            mps_server=name,
-            status=status,
-            gpus=[g.uuid for g in gpus],
-        )
-
-    def _ensure_namespace(self, daemon: MpsDaemon, t: FractionTarget) -> str:
-        """Make ``t``'s namespace exist with its limits; return its pipe directory.
-
-        Read-only when the namespace is there with the right limits: ``namespace set`` runs
-        only on a namespace just created or one whose limits drifted, and never while clients
-        are attached (on r615 drivers it then fails; ``docs/enforcement.md``, "Lifecycle").
-
-        Raises:
-            MpsError: a command failed, the limits read back wrong, or they drifted while
-                clients are attached (the GPU is then reported unhealthy).
-        """
-        ctl = daemon.control
-        ns, srv = t.namespace, t.server
-        row = next((r for r in ctl.namespace_list(srv) if r.name == ns), None)
-        if row is None:
-            ctl.namespace_create(ns, srv)
-            row = self._set_limits(ctl, t)
-        else:
-            drift = namespace_drift(row, t)
-            if drift:
-                row = self._repair_limits(ctl, t, drift)
-        pipe = Path(row.pipe_directory or namespace_pipe_dir(t, self.options))
-        root = daemon.pipe_dir.resolve()
-        if not pipe.resolve().is_relative_to(root):
-            raise MpsError(f"MPS namespace {ns} pipe directory {pipe} is outside {root}")
-        ensure_dir(pipe, 0o755)
-        return str(pipe)
-
-    def _set_limits(self, ctl: MpsControl, t: FractionTarget) -> NamespaceRow:
-        """``namespace set`` both limits, read them back and check them."""
-        ns, srv = t.namespace, t.server
-        ctl.namespace_set(ns, srv, memory_arg(t.limit_bytes), t.threads)
-        row = next((r for r in ctl.namespace_list(srv, ns) if r.name == ns), None)
-        if row is None:
-            raise MpsError(f"MPS namespace {ns} missing on server {srv} right after create")
-        drift = namespace_drift(row, t)
-        if drift:
-            raise MpsError(f"MPS namespace {ns} on {srv} reports {'; '.join(drift)}")
-        return row
-
-    def _repair_limits(self, ctl: MpsControl, t: FractionTarget, drift: list[str]) -> NamespaceRow:
-        """Re-set a namespace whose limits drifted, unless clients are attached."""
-        ns, srv = t.namespace, t.server
-        clients = [c for c in ctl.client_list(srv) if c.namespace == ns]
-        if clients:
-            raise MpsError(
-                f"MPS namespace {ns} on {srv} has {'; '.join(drift)}, and {len(clients)} "
-                f"client(s) attached (PIDs {', '.join(str(c.pid) for c in clients)}): not "
-                "re-set, as namespace set fails while clients are attached; restart the "
-                "claim's pods to have the limits applied"
-            )
-        log.warning(
-            "MPS namespace limits drifted; re-setting them",
-            claim_uid=t.claim.uid,
-            namespace=t.claim.namespace,
-            name=t.claim.name,
-            gpu=t.gpu.uuid,
-            mps_server=srv,
-            mps_namespace=ns,
-            drift=drift,
-        )
-        return self._set_limits(ctl, t)
-
-    def _terminate_clients(
-        self, ctl: MpsControl, server: str, namespace: str | None = None
-    ) -> None:
-        """``client terminate`` every client of ``server`` (of ``namespace`` only, if given)
-        before removing it: a client killed with work in flight can wedge the GPU
-        (``docs/enforcement.md``, "Lifecycle")."""
-        for client in ctl.client_list(server):
-            if namespace is not None and client.namespace != namespace:
-                continue
-            try:
-                ctl.client_terminate(client.pid)
-                log.info(
-                    "MPS client terminated",
-                    pid=client.pid,
-                    mps_server=server,
-                    mps_namespace=client.namespace,
-                )
-            except MpsCommandError as exc:
-                log.warning("MPS client terminate failed", pid=client.pid, error=str(exc))
-
-    def _remove_target(self, t: FractionTarget) -> None:
-        """Remove what ``t`` set up: its namespace, or its claim's own server."""
-        if t.dedicated:
-            self._remove_claim_server(self.daemons[t.mode], t.server, t.claim.uid)
-        else:
-            self._remove_namespace(t)
-
-    def _remove_namespace(self, t: FractionTarget) -> None:
-        daemon = self.daemons[t.mode]
-        ctl = daemon.control
-        try:
-            servers = ctl.server_list()
-        except MpsTimeout:
-            raise  # hung, not gone: its namespace stays until it answers
-        except MpsCommandError:
-            servers = []  # daemon gone: its namespaces and clients are gone with it
-        if any(r.name == t.server for r in servers):
-            self._terminate_clients(ctl, t.server, t.namespace)
-            if any(r.name == t.namespace for r in ctl.namespace_list(t.server)):
-                ctl.namespace_delete(t.namespace, t.server, force=True)
-        shutil.rmtree(daemon.pipe_dir / t.server / t.namespace, ignore_errors=True)
-
-    def _remove_claim_server(self, daemon: MpsDaemon, server: str, claim_uid: str) -> None:
-        """Delete a multi-GPU claim's own server: clients terminated first, then ``server
-        delete --force``; its pipe directory removed."""
-        ctl = daemon.control
-        try:
-            present = any(r.name == server for r in ctl.server_list())
-        except MpsTimeout:
-            raise  # hung, not gone: its server stays until it answers
-        except MpsCommandError:
-            present = False  # daemon gone: the server and its clients are gone with it
-        if present:
-            self._terminate_clients(ctl, server)
-            ctl.server_delete(server, force=True)
-            log.info("claim's MPS server deleted", claim_uid=claim_uid, mps_server=server)
-        shutil.rmtree(daemon.pipe_dir / server, ignore_errors=True)
-
-    def _teardown(
-        self, targets: Sequence[FractionTarget], also_idle: Sequence[FractionTarget] = ()
-    ) -> None:
-        """Best effort: remove what ``targets`` set up and idle what nobody needs (GPUs of
-        ``targets`` and ``also_idle``)."""
-        for t in _by_server(targets):
-            try:
-                self._remove_target(t)
-            except _EFFECT_ERRORS as exc:
-                log.warning(
-                    "rollback: MPS removal failed",
-                    claim_uid=t.claim.uid,
-                    mps_server=t.server,
-                    error=str(exc),
-                )
-        self._idle(tuple(targets) + tuple(also_idle))
-
-    def _idle(self, targets: Sequence[FractionTarget]) -> None:
-        """Delete shared servers, reset compute modes and stop daemons no claim needs any more."""
-        users = self._wanted_targets()
-        seen: dict[tuple[str, str], Gpu] = {}
-        for t in targets:
-            if t.uses_mps:
-                seen.setdefault((t.mode, t.gpu.uuid), t.gpu)
-        for (mode, uuid), gpu in seen.items():
-            on_gpu = [o for o in users if o.gpu.uuid == uuid]
-            try:
-                if not any(o.mode == mode and not o.dedicated for o in on_gpu):
-                    self._delete_shared_server(gpu, mode)
-                if not on_gpu:
-                    self._restore_compute_mode(uuid)
-            except _EFFECT_ERRORS as exc:
-                log.error("retiring MPS server failed", gpu=uuid, error=str(exc))
-        for mode, daemon in self.daemons.items():
-            if any(t.mode == mode for t in targets) and not any(u.mode == mode for u in users):
-                daemon.stop()
-
-    def _delete_shared_server(self, gpu: Gpu, mode: str) -> None:
-        ctl = self.daemons[mode].control
-        name = server_name(gpu.index)
-        try:
-            present = any(r.name == name for r in ctl.server_list())
-        except MpsCommandError:
-            present = False
-        if not present:
-            return
-        try:
-            ctl.server_delete(name)
-        except MpsCommandError:
-            self._terminate_clients(ctl, name)
-            try:
-                ctl.server_delete(name, force=True)
-            except MpsCommandError as exc:
-                log.error("MPS server delete failed", mps_server=name, error=str(exc))
-
-    def _marker(self, uuid: str) -> Path:
-        return self.options.mps_root / "compute-mode" / uuid
-
-    def _set_compute_mode(self, gpu: Gpu, mode: str) -> None:
-        marker = self._marker(gpu.uuid)
-        ensure_dir(marker.parent, 0o755)
-        marker.write_text(mode + "\n")
-        os.chmod(marker, 0o644)
-        if self.nvml.compute_mode(gpu.uuid) != mode:
-            self.nvml.set_compute_mode(gpu.uuid, mode)
-            log.info("GPU compute mode set", gpu=gpu.uuid, gpu_index=gpu.index, compute_mode=mode)
-
-    def _restore_compute_mode(self, uuid: str) -> None:
-        try:
-            if self.nvml.compute_mode(uuid) != "DEFAULT":
-                self.nvml.set_compute_mode(uuid, "DEFAULT")
-                log.info("GPU compute mode restored", gpu=uuid, compute_mode="DEFAULT")
-            self._marker(uuid).unlink(missing_ok=True)
-        except NvmlError as exc:
-            log.error("cannot restore GPU compute mode; will retry", gpu=uuid, error=str(exc))
-
-    def _reset_compute_modes(self) -> None:
-        markers = self.options.mps_root / "compute-mode"
-        if not markers.is_dir():
-            return
-        used = {t.gpu.uuid for t in self._wanted_targets()}
-        for marker in sorted(markers.iterdir()):
-            if marker.name not in used:
-                self._restore_compute_mode(marker.name)
-
-    def _remove_orphans(self, wanted: set[str]) -> None:
-        for daemon in self.daemons.values():
-            try:
-                servers = daemon.control.server_list()
-            except MpsCommandError:
-                continue
-            for server in servers:
-                owner = claim_uid_of_server(server.name)
-                if owner is not None:
-                    if owner not in wanted:
-                        try:
-                            self._remove_claim_server(daemon, server.name, owner)
-                        except MpsError as exc:
-                            log.error(
-                                "orphaned MPS server not removed", claim_uid=owner, error=str(exc)
-                            )
-                    continue
-                try:
-                    rows = daemon.control.namespace_list(server.name)
-                except MpsCommandError:
-                    continue
-                for row in rows:
-                    uid = claim_uid_of(row.name)
-                    if uid is None or uid in wanted:
-                        continue
-                    try:
-                        self._delete_orphan(daemon, server.name, row.name, uid)
-                    except MpsError as exc:
-                        log.error(
-                            "orphaned MPS namespace not removed", claim_uid=uid, error=str(exc)
-                        )
-
-    def _remove_idle_servers(self) -> None:
-        used = {(t.mode, t.server) for t in self.targets() if t.uses_mps}
-        ours = (SERVER_PREFIX, DEDICATED_PREFIX)
-        for mode, daemon in self.daemons.items():
-            try:
-                servers = daemon.control.server_list()
-            except MpsCommandError:
-                continue
-            for server in servers:
-                if not server.name.startswith(ours) or (mode, server.name) in used:
-                    continue
-                log.info("removing MPS server without claims", mps_server=server.name, mode=mode)
-                try:
-                    daemon.control.server_delete(server.name, force=True)
-                except MpsCommandError as exc:
-                    log.warning("MPS server delete failed", mps_server=server.name, error=str(exc))
-
-    def _delete_orphan(self, daemon: MpsDaemon, server: str, ns: str, uid: str) -> None:
-        ctl = daemon.control
-        self._terminate_clients(ctl, server, ns)
-        ctl.namespace_delete(ns, server, force=True)
-        shutil.rmtree(daemon.pipe_dir / server / ns, ignore_errors=True)
-        log.info(
-            "orphaned MPS namespace removed", claim_uid=uid, mps_namespace=ns, mps_server=server
-        )
-
-    def _release_unknown(self, claim_uid: str) -> None:
-        ns = namespace_name(claim_uid)
-        own = dedicated_server_name(claim_uid)
-        for daemon in self.daemons.values():
-            try:
-                servers = daemon.control.server_list()
-            except MpsCommandError:
-                continue
-            for server in servers:
-                if server.name == own:
-                    self._remove_claim_server(daemon, own, claim_uid)
-                elif any(r.name == ns for r in daemon.control.namespace_list(server.name)):
-                    self._delete_orphan(daemon, server.name, ns, claim_uid)
-        self.janitor.release(claim_uid, [], 0)
-
-    def _note_pipe(
-        self, t: FractionTarget, pipe: str, bound: structlog.typing.FilteringBoundLogger
-    ) -> None:
-        applied = self._claims.get(t.claim.uid)
-        if applied is None:
-            return
-        before = applied.inodes.get(t.gpu.uuid)
-        now = _inode(pipe)
-        if before is not None and now != before:
-            bound.warning(
-                "claim's MPS pipe directory was re-created; running containers still see the "
-                "old one and must be restarted to reach MPS",
-                pipe_dir=pipe,
-            )
-        applied.pipes[t.gpu.uuid] = pipe
-        applied.inodes[t.gpu.uuid] = now
-
-    def _log_target(
-        self, bound: structlog.typing.FilteringBoundLogger, t: FractionTarget, pipe: str | None
-    ) -> None:
-        fields = {
-            "gpu": t.gpu.uuid,
-            "gpu_index": t.gpu.index,
-            "compute_mode": t.mode,
-            "tier": t.tier,
-            "request_mib": mib(t.request_bytes),
-            "limit_mib": mib(t.limit_bytes),
-            "threads": t.threads,
-        }
-        if t.tier == "cooperative":
-            bound.warning(
-                "fraction enforced cooperatively: MPS namespace pinned limit only; the driver "
-                "does not cap the container's cgroup",
-                mps_server=t.server,
-                mps_namespace=t.namespace,
-                pipe_dir=pipe,
-                **fields,
-            )
-        elif t.tier == "hard":
-            bound.info(
-                "fraction enforced (hard)",
-                mps_server=t.server,
-                mps_namespace=t.namespace,
-                pipe_dir=pipe,
-                **fields,
-            )
-
-
-def _by_server(targets: Sequence[FractionTarget]) -> list[FractionTarget]:
-    """MPS targets, one per (mode, server, namespace): a multi-GPU claim's GPUs share one."""
-    seen: set[tuple[str, str, str]] = set()
-    out = []
-    for t in targets:
-        key = (t.mode, t.server, t.namespace)
-        if t.uses_mps and key not in seen:
-            seen.add(key)
-            out.append(t)
-    return out
-
-
-def _inode(path: str) -> tuple[int, int]:
-    try:
-        st = Path(path).stat()
-    except OSError:
-        return (0, 0)
-    return (st.st_dev, st.st_ino)

@@ -158,3 +158,7 @@ class RecordingEnforcer:
         for plan in plans:
             self.applied[plan.claim.uid] = plan
             self._make_pipe_dirs(self._validated_or_none(plan))
+
+    def check_health(self) -> None:
+        """Nothing to supervise: no daemon runs for simulated GPUs (returns None)."""
+        return None
