@@ -18,7 +18,7 @@ from pathlib import Path
 
 from dra_driver.errors import UsageError
 from dra_driver.kubelet.server import SocketPaths
-from dra_driver.mps.daemon import MODES, daemon_pipe_dir
+from dra_driver.mps.daemon import daemon_pipe_dir
 from dra_driver.mps.names import (
     DEDICATED_NAMESPACE,
     dedicated_server_name,
@@ -26,6 +26,7 @@ from dra_driver.mps.names import (
     server_name,
 )
 from dra_driver.mps.targets import MpsOptions
+from dra_driver.vocabulary import COMPUTE_MODES
 
 SUN_PATH_MAX = 107
 """Longest bindable unix socket path in bytes (108-byte ``sun_path`` minus the NUL)."""
@@ -46,7 +47,7 @@ def socket_paths(
     ]
     gpu = server_name(max(gpu_indexes, default=0))
     claim_server = dedicated_server_name(_LONGEST_UID)
-    for mode in MODES:
+    for mode in COMPUTE_MODES:
         pipe = daemon_pipe_dir(mps.mps_root, mode)
         for below in (
             Path(),

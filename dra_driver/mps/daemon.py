@@ -34,7 +34,6 @@ from dra_driver.vocabulary import COMPUTE_MODES, ComputeMode
 
 log = structlog.get_logger(__name__)
 
-MODES = COMPUTE_MODES
 """Compute modes, each served by its own daemon."""
 
 
@@ -46,7 +45,7 @@ def daemon_pipe_dir(root: Path, mode: str) -> Path:
 def config_toml(mode: str) -> str:
     """The daemon's ``-a`` configuration for ``mode`` (only keys of the Release 615 "MPS v3
     Configuration File" page)."""
-    if mode not in MODES:
+    if mode not in COMPUTE_MODES:
         raise MpsError(f"unknown compute mode {mode!r}")
     share = (
         'enabled = true\ndefault_socket = "off"\n'
@@ -85,7 +84,7 @@ class MpsDaemon:
         check_interval: float = 0.25,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        if mode not in MODES:
+        if mode not in COMPUTE_MODES:
             raise MpsError(f"unknown compute mode {mode!r}")
         self.mode = mode
         self.dir = root / mode

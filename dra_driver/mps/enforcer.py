@@ -45,7 +45,7 @@ from dra_driver.cdi import ContainerEdits
 from dra_driver.mps.base import GpuHealth, MpsError
 from dra_driver.mps.computemode import ComputeModes
 from dra_driver.mps.control import ClientRow
-from dra_driver.mps.daemon import MODES, MpsDaemon
+from dra_driver.mps.daemon import MpsDaemon
 from dra_driver.mps.health import HealthRepair
 from dra_driver.mps.janitor import SoftLimitJanitor
 from dra_driver.mps.ledger import Applied, Ledger
@@ -63,6 +63,7 @@ from dra_driver.mps.targets import (
 )
 from dra_driver.prepare import ClaimPlan
 from dra_driver.runner import Runner
+from dra_driver.vocabulary import COMPUTE_MODES
 
 __all__ = [
     "CONTAINER_PIPE_DIR",
@@ -116,7 +117,7 @@ class MpsEnforcer:
                 opts.command_timeout,
                 sleep=sleep,
             )
-            for mode in MODES
+            for mode in COMPUTE_MODES
         }
         self.janitor = SoftLimitJanitor(
             opts.record_root, nvml, Path(opts.cgroup_root), opts.dmem_backend

@@ -24,6 +24,7 @@ from dra_driver.mps.targets import (
     plan_targets,
 )
 from dra_driver.prepare import ClaimPlan
+from dra_driver.vocabulary import Tier
 
 log = structlog.get_logger(__name__)
 
@@ -137,7 +138,7 @@ class ClaimLifecycle:
         if errors:
             bound.error("MPS release failed", errors=errors)
             raise MpsError(f"releasing claim {claim_uid}: " + "; ".join(errors))
-        hard = [t for t in applied.targets if t.tier == "hard"]
+        hard = [t for t in applied.targets if t.tier == Tier.HARD]
         self.janitor.release(
             claim_uid,
             [t.gpu.uuid for t in hard],
@@ -216,7 +217,7 @@ class ClaimLifecycle:
             "limit_mib": mib(t.limit_bytes),
             "threads": t.threads,
         }
-        if t.tier == "cooperative":
+        if t.tier == Tier.COOPERATIVE:
             bound.warning(
                 "fraction enforced cooperatively: MPS namespace pinned limit only; the driver "
                 "does not cap the container's cgroup",
@@ -225,7 +226,7 @@ class ClaimLifecycle:
                 pipe_dir=pipe,
                 **fields,
             )
-        elif t.tier == "hard":
+        elif t.tier == Tier.HARD:
             bound.info(
                 "fraction enforced (hard)",
                 mps_server=t.server,

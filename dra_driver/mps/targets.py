@@ -34,7 +34,7 @@ from dra_driver.cdi import ContainerEdits, Mount
 from dra_driver.gpus import MIB, Gpu
 from dra_driver.mps.base import MpsError
 from dra_driver.mps.control import CONTROL_BINARY, NamespaceRow
-from dra_driver.mps.daemon import MODES, daemon_pipe_dir
+from dra_driver.mps.daemon import daemon_pipe_dir
 from dra_driver.mps.hooks import (
     CTK_HOOK_PATH,
     RECORD_SHELL,
@@ -52,7 +52,7 @@ from dra_driver.mps.names import (
     server_name,
 )
 from dra_driver.prepare import ClaimPlan, ClaimRef
-from dra_driver.vocabulary import TIERS, ComputeMode, Tier
+from dra_driver.vocabulary import COMPUTE_MODES, TIERS, ComputeMode, Tier
 
 """Enforcement tiers (``memoryEnforcement`` attribute), strongest first."""
 
@@ -211,7 +211,7 @@ def plan_targets(
         if len(modes) != 1:
             raise MpsError(f"{where}: devices ask for different compute modes {sorted(modes)}")
         mode = modes.pop()
-        if mode not in MODES:
+        if mode not in COMPUTE_MODES:
             raise MpsError(f"{where}: unknown compute mode {mode!r}")
         tier = tiers.get(uuid, Tier.NONE)
         if tier not in TIERS:
