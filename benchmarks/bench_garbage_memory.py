@@ -76,14 +76,14 @@ def serve_ours(socket: str, settings: dict[str, Any], ready: Event, stop: Event)
     from dra_driver.gpus import SimulatedGpuSource
     from dra_driver.kubelet.server import PluginServer, SocketPaths
     from dra_driver.mps import RecordingEnforcer
-    from dra_driver.slices import plan_devices
+    from dra_driver.slices import offered_devices
     from tests.apiserver_stub import ClaimServer
     from tests.conftest import NODE, Node
 
     logs.configure("error", "json")
     with tempfile.TemporaryDirectory(prefix="drag-") as tmp, ClaimServer() as claims:
         inventory = SimulatedGpuSource("simulated:H200x2", seed=NODE).discover()
-        devices = {d.name: d for d in plan_devices(inventory, load_node_config(None))}
+        devices = {d.name: d for d in offered_devices(inventory, load_node_config(None))}
         node = Node(Path(tmp), devices, claims, RecordingEnforcer())
         paths = SocketPaths(registration=Path(tmp) / "reg.sock", dra=Path(socket))
         driver = node.driver()

@@ -58,13 +58,13 @@ def main() -> int:
     from dra_driver.configload import load_node_config
     from dra_driver.gpus import SimulatedGpuSource
     from dra_driver.mps import RecordingEnforcer
-    from dra_driver.slices import plan_devices
+    from dra_driver.slices import offered_devices
     from tests.apiserver_stub import ClaimServer
 
     with tempfile.TemporaryDirectory(prefix="drab-") as tmp, ClaimServer() as claims:
         root = Path(tmp)
         inventory = SimulatedGpuSource("simulated:H200x8", seed=NODE).discover()
-        devices = {d.name: d for d in plan_devices(inventory, load_node_config(None))}
+        devices = {d.name: d for d in offered_devices(inventory, load_node_config(None))}
         node = Node(root, devices, claims, RecordingEnforcer())
         node.make_device_nodes()
         paths = SocketPaths.for_driver(

@@ -123,12 +123,12 @@ def main() -> int:
     from dra_driver.configload import load_node_config
     from dra_driver.gpus import SimulatedGpuSource
     from dra_driver.mps import RecordingEnforcer
-    from dra_driver.slices import plan_devices
+    from dra_driver.slices import offered_devices
     from tests.apiserver_stub import ClaimServer
 
     with tempfile.TemporaryDirectory(prefix="drab-") as tmp, ClaimServer() as claims:
         inventory = SimulatedGpuSource("simulated:H200x8", seed=NODE).discover()
-        devices = {d.name: d for d in plan_devices(inventory, load_node_config(None))}
+        devices = {d.name: d for d in offered_devices(inventory, load_node_config(None))}
         node = Node(Path(tmp), devices, claims, RecordingEnforcer())
         paths = SocketPaths.for_driver(
             DEFAULT_DRIVER_NAME, str(node.plugin_dir), str(node.registry_dir)

@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from dra_driver.prepare import ClaimPlan
+from dra_driver.claimplan import ClaimPlan
 
 log = structlog.get_logger(__name__)
 
@@ -120,7 +120,7 @@ class FractionAccounting(Collector):
     """The custom collector (see the module docstring for the metrics).
 
     Args:
-        plans: returns the prepared claims' plans (e.g. ``Driver.prepared_plans``).
+        plans: returns the prepared claims' plans (e.g. ``ClaimPreparation.prepared_plans``).
         source: usage source.
     """
 

@@ -19,7 +19,7 @@ File format (JSON), version 1::
                    "driver_version"?: str, "cuda_driver_version"?: str}
 
 The typed form is :class:`ClaimRecord` (with :class:`PreparedDevice` and the plan's
-:class:`~dra_driver.prepare.ClaimPlan`). Compatibility rules: a field marked ``?`` may be
+:class:`~dra_driver.claimplan.ClaimPlan`). Compatibility rules: a field marked ``?`` may be
 missing (an older writer did not know it) and takes its default (null, ``""``, ``0`` or
 ``false``); a field this version does not know (a newer writer added it) is ignored; each
 released version has a reader in ``_READERS`` that turns its records into the current ones
@@ -44,9 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.atomicfile import write_atomic
+from dra_driver.claimplan import ClaimPlan, ClaimRef, DevicePlan, plan_to_json
 from dra_driver.errors import DriverError, StartupError
 from dra_driver.gpus import Gpu
-from dra_driver.prepare import ClaimPlan, ClaimRef, DevicePlan, plan_to_json
 
 VERSION = 1
 """The format :meth:`Checkpoint.save` writes."""

@@ -11,7 +11,7 @@ from kubernetes.client import ApiClient, ResourceV1Api
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import TimeoutError as Urllib3TimeoutError
 
-from dra_driver.prepare import PrepareError
+from dra_driver.claimplan import PrepareError
 
 
 class ClaimReadTimeout(PrepareError):

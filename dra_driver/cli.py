@@ -224,9 +224,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logs.configure(args.log_level, args.log_format)
     if args.command == "render-slices":
-        from dra_driver.enforcement import detect_enforcement
         from dra_driver.gpus import Inventory
         from dra_driver.slices import render_slices_json
+        from dra_driver.tiers import detect_enforcement
 
         def tiers(inventory: Inventory) -> dict[str, str]:
             simulated = args.gpus.startswith("simulated:")

@@ -14,9 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from dra_driver.cdi import CONTROL_DEVICE_NODES
+from dra_driver.claimplan import ClaimPlan
 from dra_driver.gpus import Gpu
 from dra_driver.ids import PrepareError
-from dra_driver.prepare import ClaimPlan
 
 
 def required_nodes(plan: ClaimPlan) -> list[tuple[str, Gpu, bool]]:

@@ -27,8 +27,6 @@ from dra_driver.claims import ApiClaimReader
 from dra_driver.config import NodeConfig, warn_unmatched_selectors
 from dra_driver.configload import load_node_config
 from dra_driver.devicehealth import device_health
-from dra_driver.driver import CLAIM_READERS, Driver
-from dra_driver.enforcement import EnforcementReport, detect_enforcement
 from dra_driver.gpus import GpuSource, Inventory, open_source, simnode
 from dra_driver.kubelet.health import DeviceStatus
 from dra_driver.kubelet.server import PluginServer, SocketPaths
@@ -38,10 +36,12 @@ from dra_driver.mps import FractionEnforcer, RecordingEnforcer
 from dra_driver.mps.enforcer import MpsEnforcer, MpsOptions
 from dra_driver.mps.nvml import PynvmlFacade
 from dra_driver.mps.usage import MpsUsageSource
+from dra_driver.preparation import CLAIM_READERS, ClaimPreparation
 from dra_driver.publisher import SlicePublisher
 from dra_driver.runner import SubprocessRunner
-from dra_driver.slices import FractionDevice, build_slices, plan_devices
+from dra_driver.slices import FractionDevice, build_slices, offered_devices
 from dra_driver.sockets import check_socket_paths
+from dra_driver.tiers import EnforcementReport, detect_enforcement
 
 log = structlog.get_logger(__name__)
 
@@ -97,7 +97,7 @@ class NodeState:
     def refresh(self) -> None:
         """Re-discover GPUs and recompute the fraction devices."""
         inventory = self.source.discover()
-        devices = {d.name: d for d in plan_devices(inventory, self.config)}
+        devices = {d.name: d for d in offered_devices(inventory, self.config)}
         with self._lock:
             self.inventory, self._devices = inventory, devices
             self._seen.update(devices)
@@ -263,7 +263,7 @@ def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
     enforcer, usage = make_enforcer(opts, report)
     api = api_client(opts.kubeconfig)
     metrics = Metrics()
-    driver = Driver(
+    driver = ClaimPreparation(
         driver_name=opts.driver_name,
         pool=opts.node_name,
         reader=ApiClaimReader(api),

@@ -20,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from dra_driver.prepare import ClaimPlan
+from dra_driver.claimplan import ClaimPlan
 
 log = structlog.get_logger(__name__)
 

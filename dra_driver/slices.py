@@ -1,6 +1,6 @@
 """Pure planning: GPU inventory + node configuration -> fraction devices -> ResourceSlice bodies.
 
-:func:`plan_devices` is the single source of truth for which devices exist: the publisher
+:func:`offered_devices` is the single source of truth for which devices exist: the publisher
 publishes exactly these, and Prepare maps an allocated device name back to its GPU, memory and
 compute mode with :func:`devices_by_name`. Nothing here touches the network or files, except
 :func:`render_slices_json`, which reads the GPU source and configuration for the CLI.
@@ -139,7 +139,7 @@ class ExcludedGpu:
 
 
 @dataclass(frozen=True)
-class PlannedGpu:
+class OfferedGpu:
     """An offered GPU: its effective configuration and its devices (in publishing order)."""
 
     gpu: Gpu
@@ -162,10 +162,10 @@ class PlannedGpu:
 
 
 @dataclass(frozen=True)
-class Plan:
-    """Result of :func:`plan`: offered GPUs in index order plus the excluded ones."""
+class Offer:
+    """Result of :func:`offer`: offered GPUs in index order plus the excluded ones."""
 
-    gpus: tuple[PlannedGpu, ...]
+    gpus: tuple[OfferedGpu, ...]
     excluded: tuple[ExcludedGpu, ...]
 
     @property
@@ -212,7 +212,7 @@ def capacity_request_policy(memory_bytes: int, policy: CapacityPolicy) -> dict[s
     }
 
 
-def plan(inventory: Inventory, config: NodeConfig) -> Plan:
+def offer(inventory: Inventory, config: NodeConfig) -> Offer:
     """Decide which GPUs are offered and their devices. Pure; never raises for a GPU.
 
     Excluded (not offered): MIG-enabled GPUs (MPS fractions need MIG off), GPUs older than Volta
@@ -220,7 +220,7 @@ def plan(inventory: Inventory, config: NodeConfig) -> Plan:
     configuration (``enabled: false``), capacity-model GPUs smaller than ``minimum + step``.
     Product devices whose rounded memory would be 0 bytes are left out.
     """
-    planned: list[PlannedGpu] = []
+    planned: list[OfferedGpu] = []
     excluded: list[ExcludedGpu] = []
     for gpu in sorted(inventory.gpus, key=lambda g: g.index):
         cfg = config.for_gpu(gpu)
@@ -248,7 +248,7 @@ def plan(inventory: Inventory, config: NodeConfig) -> Plan:
                 memory_bytes=gpu.memory_bytes,
                 compute_mode=cfg.compute_mode,
             )
-            planned.append(PlannedGpu(gpu, cfg, (device,)))
+            planned.append(OfferedGpu(gpu, cfg, (device,)))
             continue
         total = slots_for(cfg.products)
         devices: list[FractionDevice] = []
@@ -271,20 +271,20 @@ def plan(inventory: Inventory, config: NodeConfig) -> Plan:
                     )
                 )
         if devices:
-            planned.append(PlannedGpu(gpu, cfg, tuple(devices)))
+            planned.append(OfferedGpu(gpu, cfg, tuple(devices)))
         else:
             excluded.append(ExcludedGpu(gpu.index, gpu.uuid, "no product fits the card"))
-    return Plan(tuple(planned), tuple(excluded))
+    return Offer(tuple(planned), tuple(excluded))
 
 
-def plan_devices(inventory: Inventory, config: NodeConfig) -> list[FractionDevice]:
-    """All devices the node publishes, in publishing order (see :func:`plan`)."""
-    return plan(inventory, config).devices
+def offered_devices(inventory: Inventory, config: NodeConfig) -> list[FractionDevice]:
+    """All devices the node publishes, in publishing order (see :func:`offer`)."""
+    return offer(inventory, config).devices
 
 
 def devices_by_name(inventory: Inventory, config: NodeConfig) -> dict[str, FractionDevice]:
     """Map device name -> :class:`FractionDevice`, for Prepare to resolve an allocation result."""
-    return {d.name: d for d in plan_devices(inventory, config)}
+    return {d.name: d for d in offered_devices(inventory, config)}
 
 
 def semver(text: str) -> str | None:
@@ -337,7 +337,7 @@ def _device_attributes(device: FractionDevice, enforcement: str) -> dict[str, An
     return attrs
 
 
-def _device_body(device: FractionDevice, planned: PlannedGpu, enforcement: str) -> dict[str, Any]:
+def _device_body(device: FractionDevice, planned: OfferedGpu, enforcement: str) -> dict[str, Any]:
     body: dict[str, Any] = {
         "name": device.name,
         "attributes": _device_attributes(device, enforcement),
@@ -364,7 +364,7 @@ def _device_body(device: FractionDevice, planned: PlannedGpu, enforcement: str) 
     return body
 
 
-def _counter_set_body(planned: PlannedGpu) -> dict[str, Any]:
+def _counter_set_body(planned: OfferedGpu) -> dict[str, Any]:
     assert planned.counter_set is not None
     return {
         "name": planned.counter_set,
@@ -405,7 +405,7 @@ def _check_names(node: str, driver: str) -> None:
 _last_reported: dict[str, tuple[object, ...]] = {}
 
 
-def log_exclusions(inventory: Inventory, result: Plan, key: str = "") -> None:
+def log_exclusions(inventory: Inventory, result: Offer, key: str = "") -> None:
     """Log one warning per GPU that discovery skipped or the plan excluded.
 
     Repeated calls with the same ``key`` (the node) and the same exclusions log nothing, so a
@@ -461,7 +461,7 @@ def build_slices(
     for uuid, level in enforcement.items():
         if level not in TIERS:
             raise ValueError(f"enforcement for {uuid}: {level!r} is not one of {TIERS}")
-    result = plan(inventory, config)
+    result = offer(inventory, config)
     log_exclusions(inventory, result, key=f"{driver}/{node}")
 
     counter_sets = [_counter_set_body(g) for g in result.gpus if g.counter_set is not None]

@@ -23,13 +23,13 @@ from dra_driver.claims import ApiClaimReader
 from dra_driver.config import NodeConfig
 from dra_driver.configload import load_node_config, parse_node_config
 from dra_driver.devicehealth import device_health
-from dra_driver.driver import Driver
 from dra_driver.gpus import SimulatedGpuSource, simnode
 from dra_driver.kubelet.health import DeviceStatus
 from dra_driver.kubelet.server import PluginServer, SocketPaths
 from dra_driver.locking import PrepareLock
 from dra_driver.mps import FractionEnforcer, RecordingEnforcer
-from dra_driver.slices import FractionDevice, plan_devices
+from dra_driver.preparation import ClaimPreparation
+from dra_driver.slices import FractionDevice, offered_devices
 from tests.apiserver_stub import ClaimServer
 from tests.nodedirs import NodeDirs
 
@@ -52,7 +52,7 @@ class Node(NodeDirs):
     @property
     def device_root(self) -> Path:
         """Stands for the host's ``/``: the GPUs' and control device nodes (plain files) are
-        under ``<device_root>/dev``, as the Driver checks them before writing a spec."""
+        under ``<device_root>/dev``, as the ClaimPreparation checks them before writing a spec."""
         return self.root / "devroot"
 
     def make_device_nodes(self) -> None:
@@ -71,9 +71,9 @@ class Node(NodeDirs):
         boot_id: str = "boot-1",
         enforcer: FractionEnforcer | None = None,
         startup_budget: float = STARTUP_BUDGET_S,
-    ) -> Driver:
-        """A started Driver for this node (its own enforcer unless one is given)."""
-        d = Driver(
+    ) -> ClaimPreparation:
+        """A started ClaimPreparation for this node (its own enforcer unless one is given)."""
+        d = ClaimPreparation(
             driver_name=DEFAULT_DRIVER_NAME,
             pool=NODE,
             reader=ApiClaimReader(self.claims.api_client()),
@@ -108,7 +108,7 @@ def _node(config: NodeConfig) -> Iterator[Node]:
     # Short paths: unix socket paths are limited to 107 bytes.
     with tempfile.TemporaryDirectory(prefix="dra-") as tmp, ClaimServer() as claims:
         inventory = SimulatedGpuSource("simulated:H200x2", seed=NODE).discover()
-        devices = {d.name: d for d in plan_devices(inventory, config)}
+        devices = {d.name: d for d in offered_devices(inventory, config)}
         node = Node(Path(tmp), devices, claims, RecordingEnforcer())
         node.make_device_nodes()
         yield node

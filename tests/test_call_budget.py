@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 
 from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.driver import Driver
+from dra_driver.claimplan import ClaimRef
 from dra_driver.locking import LockTimeout, PrepareLock
 from dra_driver.mps import MpsError
 from dra_driver.mps.enforcer import MpsEnforcer, MpsOptions
 from dra_driver.mps.usage import MpsUsageSource
 from dra_driver.plugin import check_mps
-from dra_driver.prepare import ClaimRef
+from dra_driver.preparation import ClaimPreparation
 from tests import claimfactory as cf
 from tests.conftest import NODE, Node
 from tests.fakes.mps_control import FakeMpsControl, FakeNvml
@@ -183,7 +183,7 @@ class MpsNode:
     def new_enforcer(self) -> MpsEnforcer:
         return MpsEnforcer(self.tiers, self.nvml, self.mps, self.options)
 
-    def driver(self, startup_budget: float = 5.0) -> Driver:
+    def driver(self, startup_budget: float = 5.0) -> ClaimPreparation:
         return self.node.driver(enforcer=self.enforcer, startup_budget=startup_budget)
 
     def pipe(self, mode: str) -> Path:

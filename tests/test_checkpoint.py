@@ -17,7 +17,7 @@ from dra_driver.checkpoint import (
     PreparedDevice,
     _checksum,
 )
-from dra_driver.prepare import ClaimRef
+from dra_driver.claimplan import ClaimRef
 from tests import claimfactory as cf
 from tests.conftest import NODE, Node
 from tests.fakes.plans import GIB, device, gpu, plan

@@ -2,9 +2,9 @@
 
 The kill is simulated in-process: an effect (enforcer apply/release, CDI write/remove,
 checkpoint save) raises :class:`Killed` (a ``BaseException``, which the driver does not catch
-as a claim error) before or after it runs; the "restarted" plugin is a new ``Driver`` with a
-new enforcer (a new process has no MPS bookkeeping). ``tests/test_crash_kill.py`` does the same
-with real SIGKILLs of the real plugin process.
+as a claim error) before or after it runs; the "restarted" plugin is a new
+``ClaimPreparation`` with a new enforcer (a new process has no MPS bookkeeping).
+``tests/test_crash_kill.py`` does the same with real SIGKILLs of the real plugin process.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from unittest import mock
 import pytest
 
 from dra_driver import cdi
-from dra_driver.driver import Driver
+from dra_driver.claimplan import ClaimRef
 from dra_driver.mps import MpsOptions, RecordingEnforcer
 from dra_driver.mps.names import namespace_name
-from dra_driver.prepare import ClaimRef
+from dra_driver.preparation import ClaimPreparation
 from tests import claimfactory as cf
 from tests.conftest import NODE, Node
 from tests.crashcheck import ABSENT, PREPARED, claim_state, pipe_dirs, spec_path
@@ -52,7 +52,7 @@ def new_enforcer(node: Node) -> RecordingEnforcer:
     return RecordingEnforcer(make_dirs=True, options=MpsOptions(root=str(node.root / "run")))
 
 
-def restart(node: Node, old: Driver) -> Driver:
+def restart(node: Node, old: ClaimPreparation) -> ClaimPreparation:
     old.close()
     node.enforcer = new_enforcer(node)
     return node.driver()
@@ -112,7 +112,7 @@ def killing(effect: str, when: str, nth: int) -> Callable[[Callable[..., Any]], 
     return wrap
 
 
-def patched(node: Node, driver: Driver, effect: str, when: str, nth: int) -> Any:
+def patched(node: Node, driver: ClaimPreparation, effect: str, when: str, nth: int) -> Any:
     owner: object = {
         "apply": node.enforcer,
         "release": node.enforcer,
@@ -123,7 +123,9 @@ def patched(node: Node, driver: Driver, effect: str, when: str, nth: int) -> Any
     return mock.patch.object(owner, effect, killing(effect, when, nth)(getattr(owner, effect)))
 
 
-def check_recovers(node: Node, driver: Driver, made: list[dict[str, Any]]) -> Driver:
+def check_recovers(
+    node: Node, driver: ClaimPreparation, made: list[dict[str, Any]]
+) -> ClaimPreparation:
     """After the kill: restart, every claim all there or all gone; then Prepare yields specs
     that exist, and Unprepare removes everything."""
     driver = restart(node, driver)

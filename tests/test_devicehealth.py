@@ -5,14 +5,14 @@ from __future__ import annotations
 from dra_driver.configload import load_node_config
 from dra_driver.devicehealth import device_health
 from dra_driver.gpus import SimulatedGpuSource
-from dra_driver.slices import plan_devices
+from dra_driver.slices import offered_devices
 
 
 def test_present_lost_and_failing_gpus() -> None:
     source = SimulatedGpuSource("simulated:H200x3", seed="n")
-    seen = {d.name: d for d in plan_devices(source.discover(), load_node_config(None))}
+    seen = {d.name: d for d in offered_devices(source.discover(), load_node_config(None))}
     source.vanished.add(2)
-    current = {d.name: d for d in plan_devices(source.discover(), load_node_config(None))}
+    current = {d.name: d for d in offered_devices(source.discover(), load_node_config(None))}
     uuid1 = next(d.gpu.uuid for d in seen.values() if d.gpu.index == 1)
     health = device_health(current, seen, {uuid1: "daemon down"})
     assert set(health) == set(seen)

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from dra_driver.enforcement import (
+from dra_driver.gpus import Inventory, SimulatedGpuSource, SimulatedSpecError
+from dra_driver.runner import Completed
+from dra_driver.tiers import (
     GpuFacts,
     NodeFacts,
     decide_tier,
@@ -16,8 +18,6 @@ from dra_driver.enforcement import (
     gather_node_facts,
     probe_mps,
 )
-from dra_driver.gpus import Inventory, SimulatedGpuSource, SimulatedSpecError
-from dra_driver.runner import Completed
 from tests.fakes.mps_control import FakeMpsControl
 
 HARD = GpuFacts(

@@ -11,7 +11,7 @@ import pytest
 import structlog
 
 from dra_driver import logs
-from dra_driver.prepare import ClaimRef
+from dra_driver.claimplan import ClaimRef
 from tests.conftest import Node
 
 

@@ -11,7 +11,7 @@ from structlog.testing import capture_logs
 from dra_driver import cdi
 from dra_driver.cdi import Hook, Mount
 from dra_driver.mps import MpsError, MpsOptions
-from dra_driver.mps.enforcer import MpsEnforcer, plan_targets, target_edits
+from dra_driver.mps.enforcer import MpsEnforcer, target_edits, targets_for_claim
 from tests.cdischema import validator
 from tests.fakes.plans import GIB, Node, device, plan
 
@@ -390,7 +390,7 @@ def test_plan_targets_and_edits_are_pure() -> None:
 
     g = gpu(3)
     p = plan(device(g, 3 * GIB + 123, 7 * GIB + 456, name="gpu-3-half-0"), uid=UID_A)
-    (t,) = plan_targets(p, {g.uuid: "hard"})
+    (t,) = targets_for_claim(p, {g.uuid: "hard"})
     assert (t.server, t.namespace, t.threads) == ("gpu_3", ns(UID_A), 100)
     e = target_edits(
         t, "/x/pipe/gpu_3/ns", MpsOptions(driver_root="/run/nvidia/driver", record_cgroups=False)

@@ -202,7 +202,7 @@ def test_restart_between_prepare_and_unprepare(node: Node) -> None:
     claim = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
     node.claims.add(claim)
     uid = claim["metadata"]["uid"]
-    from dra_driver.prepare import ClaimRef
+    from dra_driver.claimplan import ClaimRef
 
     r = ClaimRef("default", claim["metadata"]["name"], uid)
     first = node.driver()
@@ -221,7 +221,7 @@ def test_new_boot_discards_checkpoint_and_sweeps_cdi(node: Node) -> None:
     claim = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
     node.claims.add(claim)
     uid = claim["metadata"]["uid"]
-    from dra_driver.prepare import ClaimRef
+    from dra_driver.claimplan import ClaimRef
 
     d = node.driver("boot-1")
     d.prepare([ClaimRef("default", claim["metadata"]["name"], uid)])
@@ -237,7 +237,7 @@ def test_corrupt_checkpoint_is_kept_aside_and_specs_kept(node: Node) -> None:
     claim = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
     node.claims.add(claim)
     uid = claim["metadata"]["uid"]
-    from dra_driver.prepare import ClaimRef
+    from dra_driver.claimplan import ClaimRef
 
     d = node.driver()
     d.prepare([ClaimRef("default", claim["metadata"]["name"], uid)])
@@ -383,7 +383,7 @@ def test_time_slicing_claim_on_sm_sharing_gpu_is_refused(mixed_node: Node) -> No
         [cf.opaque(computeMode="time-slicing")],
     )
     node.claims.add(claim)
-    from dra_driver.prepare import ClaimRef
+    from dra_driver.claimplan import ClaimRef
 
     m = claim["metadata"]
     out = driver.prepare([ClaimRef(m["namespace"], m["name"], m["uid"])])[m["uid"]]

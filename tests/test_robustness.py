@@ -16,7 +16,7 @@ from urllib3.exceptions import MaxRetryError
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.checkpoint import Checkpoint, CheckpointCorrupt, _checksum
-from dra_driver.prepare import ClaimRef, plan_from_json, plan_to_json
+from dra_driver.claimplan import ClaimRef, plan_from_json, plan_to_json
 from tests import claimfactory as cf
 from tests.conftest import NODE, Node
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from structlog.testing import capture_logs
 
-from dra_driver.driver import Driver
-from dra_driver.prepare import ClaimRef
+from dra_driver.claimplan import ClaimRef
+from dra_driver.preparation import ClaimPreparation
 from tests import claimfactory as cf
 from tests.conftest import NODE, Node
 
@@ -32,7 +32,7 @@ def _warnings(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in logs if e["event"].startswith(EVENT)]
 
 
-def _prepare(driver: Driver, *claims: dict[str, Any]) -> list[dict[str, Any]]:
+def _prepare(driver: ClaimPreparation, *claims: dict[str, Any]) -> list[dict[str, Any]]:
     with capture_logs() as logs:
         out = driver.prepare(_ref(c) for c in claims)
     assert all(o.error == "" for o in out.values()), out

@@ -32,7 +32,7 @@ from dra_driver.slices import (
     build_slices,
     capacity_request_policy,
     devices_by_name,
-    plan_devices,
+    offered_devices,
     render_slices_json,
     semver,
     slice_devices,
@@ -413,7 +413,7 @@ def test_long_node_name_gives_valid_deterministic_slice_names() -> None:
 def test_plan_devices_is_what_is_published() -> None:
     inv = inventory("simulated:H200x2,A100-80GBx1")
     config = NodeConfig(gpus=(GpuOverride(GpuSelector(index=2), fraction_model="capacity"),))
-    devices = plan_devices(inv, config)
+    devices = offered_devices(inv, config)
     slices = build_slices(inv, config, DRIVER, NODE)
     assert [d.name for d in devices] == [d["name"] for d in slice_devices(slices)]
     table = devices_by_name(inv, config)
@@ -556,7 +556,7 @@ def test_any_node_publishes_valid_safe_slices(
     slices = build_slices(inv, config, DRIVER, node, enforcement=enforcement)
     check_all(slices, node=node)
     published = slice_devices(slices)
-    planned = plan_devices(inv, config)
+    planned = offered_devices(inv, config)
     assert [d.name for d in planned] == [d["name"] for d in published]
     for device, body in zip(planned, published, strict=True):
         assert not device.gpu.mig_enabled

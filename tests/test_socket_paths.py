@@ -14,7 +14,7 @@ import pytest
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.kubelet.server import SocketPaths
-from dra_driver.mps.targets import MpsOptions, namespace_pipe_dir, plan_targets
+from dra_driver.mps.targets import MpsOptions, namespace_pipe_dir, targets_for_claim
 from dra_driver.sockets import SUN_PATH_MAX, check_socket_paths, socket_paths
 from tests.fakes.plans import GIB, device, gpu, plan
 
@@ -27,7 +27,7 @@ DEFAULTS = SocketPaths.for_driver(
 def test_multi_gpu_claim_namespace_socket_fits_under_the_default_root() -> None:
     """A claim on two GPUs gets its own server m_<uid>; its namespace's socket must fit."""
     p = plan(device(gpu(0), GIB), device(gpu(1), GIB, name="gpu-1-part-0"), uid=UID)
-    targets = plan_targets(p, {gpu(0).uuid: "hard", gpu(1).uuid: "hard"})
+    targets = targets_for_claim(p, {gpu(0).uuid: "hard", gpu(1).uuid: "hard"})
     assert all(t.dedicated for t in targets)
     control = namespace_pipe_dir(targets[0], MpsOptions()) + "/control"
     assert len(control.encode()) <= SUN_PATH_MAX, control

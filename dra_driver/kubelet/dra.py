@@ -19,9 +19,9 @@ import grpc
 import structlog
 
 from dra_driver._proto import dra_v1_pb2, dra_v1beta1_pb2
-from dra_driver.driver import Driver
+from dra_driver.claimplan import ClaimRef
 from dra_driver.ids import PrepareError, validate_uid
-from dra_driver.prepare import ClaimRef
+from dra_driver.preparation import ClaimPreparation
 from dra_driver.textlimits import shown, utf8_bounded
 
 log = structlog.get_logger(__name__)
@@ -98,7 +98,7 @@ def claim_refs(claims: Iterable[Any]) -> tuple[list[ClaimRef], dict[str, str]]:
 
 
 class DraServicer:
-    """One ``DRAPlugin`` version over a :class:`Driver`.
+    """One ``DRAPlugin`` version over a :class:`ClaimPreparation`.
 
     Args:
         driver: does the work.
@@ -106,7 +106,7 @@ class DraServicer:
             get a ``share_id`` only where its ``Device`` message has the field (v1).
     """
 
-    def __init__(self, driver: Driver, pb: ModuleType) -> None:
+    def __init__(self, driver: ClaimPreparation, pb: ModuleType) -> None:
         self.driver = driver
         self.pb = pb
         self.with_share_id = "share_id" in pb.Device.DESCRIPTOR.fields_by_name
@@ -156,11 +156,11 @@ class DraServicer:
             )
 
 
-def v1_servicer(driver: Driver) -> DraServicer:
+def v1_servicer(driver: ClaimPreparation) -> DraServicer:
     """``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin``."""
     return DraServicer(driver, dra_v1_pb2)
 
 
-def v1beta1_servicer(driver: Driver) -> DraServicer:
+def v1beta1_servicer(driver: ClaimPreparation) -> DraServicer:
     """``k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin`` (deprecated in 1.34, still served)."""
     return DraServicer(driver, dra_v1beta1_pb2)

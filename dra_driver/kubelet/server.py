@@ -33,11 +33,11 @@ from dra_driver._proto import (
     registration_pb2_grpc,
 )
 from dra_driver.atomicfile import ensure_dir
-from dra_driver.driver import Driver
 from dra_driver.kubelet.decoding import DecodeInHandler
 from dra_driver.kubelet.dra import v1_servicer, v1beta1_servicer
 from dra_driver.kubelet.health import MAX_HEALTH_STREAMS, DeviceStatus, HealthServicer, StreamSlots
 from dra_driver.kubelet.registration import RegistrationServicer, Reregistrar
+from dra_driver.preparation import ClaimPreparation
 
 log = structlog.get_logger(__name__)
 
@@ -90,11 +90,11 @@ def _listen(server: grpc.Server, path: Path) -> None:
 
 
 class PluginServer:
-    """Serves registration and DRA/health for one :class:`Driver` until :meth:`stop`."""
+    """Serves registration and DRA/health for one :class:`ClaimPreparation` until :meth:`stop`."""
 
     def __init__(
         self,
-        driver: Driver,
+        driver: ClaimPreparation,
         paths: SocketPaths,
         health: Callable[[], Mapping[str, DeviceStatus]],
         health_interval: float = 20.0,

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dra_driver.cdi import ContainerEdits
+from dra_driver.claimplan import ClaimPlan
 from dra_driver.errors import ClaimError
-from dra_driver.prepare import ClaimPlan
 
 
 class MpsError(ClaimError, RuntimeError):

@@ -42,6 +42,7 @@ from pathlib import Path
 
 from dra_driver import budget
 from dra_driver.cdi import ContainerEdits
+from dra_driver.claimplan import ClaimPlan
 from dra_driver.mps.base import GpuHealth, MpsError
 from dra_driver.mps.computemode import ComputeModes
 from dra_driver.mps.control import ClientRow
@@ -58,10 +59,9 @@ from dra_driver.mps.targets import (
     DEFAULT_ROOT,
     FractionTarget,
     MpsOptions,
-    plan_targets,
     target_edits,
+    targets_for_claim,
 )
-from dra_driver.prepare import ClaimPlan
 from dra_driver.runner import Runner
 from dra_driver.vocabulary import COMPUTE_MODES
 
@@ -72,7 +72,7 @@ __all__ = [
     "GpuHealth",
     "MpsEnforcer",
     "MpsOptions",
-    "plan_targets",
+    "targets_for_claim",
     "target_edits",
 ]
 
@@ -85,7 +85,7 @@ class MpsEnforcer:
 
     Args:
         tiers: GPU UUID -> ``hard`` | ``cooperative`` | ``none`` (from
-            :func:`dra_driver.enforcement.detect_enforcement`).
+            :func:`dra_driver.tiers.detect_enforcement`).
         nvml: NVML facade (compute mode, per-cgroup limits).
         runner: runs ``nvidia-cuda-mps-control``.
         options: paths and defaults.

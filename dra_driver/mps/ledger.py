@@ -7,9 +7,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dra_driver.claimplan import ClaimPlan
 from dra_driver.mps.base import MpsError
-from dra_driver.mps.targets import FractionTarget, plan_targets
-from dra_driver.prepare import ClaimPlan
+from dra_driver.mps.targets import FractionTarget, targets_for_claim
 
 
 @dataclass
@@ -70,7 +70,7 @@ class Ledger:
         wanted = [t for t in self._applied() if t.uses_mps]
         for plan in self.pending.values():
             try:
-                targets = plan_targets(plan, self.tiers, self.default_threads)
+                targets = targets_for_claim(plan, self.tiers, self.default_threads)
             except MpsError:
                 continue
             wanted.extend(t for t in targets if t.uses_mps)

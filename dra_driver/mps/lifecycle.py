@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 import structlog
 
 from dra_driver.cdi import ContainerEdits
+from dra_driver.claimplan import ClaimPlan
 from dra_driver.gpus import Gpu
 from dra_driver.mps import removal
 from dra_driver.mps.base import MpsError
@@ -21,9 +22,8 @@ from dra_driver.mps.targets import (
     MpsOptions,
     check_mode_conflicts,
     claim_edits,
-    plan_targets,
+    targets_for_claim,
 )
-from dra_driver.prepare import ClaimPlan
 from dra_driver.vocabulary import Tier
 
 log = structlog.get_logger(__name__)
@@ -75,7 +75,7 @@ class ClaimLifecycle:
                 f"claim {ref.namespace}/{ref.name}: GPU(s) {', '.join(gone)} not on this "
                 "node (any more)"
             )
-        targets = plan_targets(plan, self.tiers, self.options.default_active_thread_percentage)
+        targets = targets_for_claim(plan, self.tiers, self.options.default_active_thread_percentage)
         check_mode_conflicts(
             ref.uid, targets, ((uid, a.targets) for uid, a in self.ledger.claims.items())
         )

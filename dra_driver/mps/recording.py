@@ -1,7 +1,7 @@
 """A simulated enforcer for GPU-free nodes: records calls, returns the real CDI edits.
 
 It runs no command. Its edits come from the same pure functions the real
-:class:`~dra_driver.mps.MpsEnforcer` uses (:func:`~dra_driver.mps.targets.plan_targets`,
+:class:`~dra_driver.mps.MpsEnforcer` uses (:func:`~dra_driver.mps.targets.targets_for_claim`,
 :func:`~dra_driver.mps.targets.claim_edits`), with each namespace's pipe directory at the path
 MPS v3 lays it out (:func:`~dra_driver.mps.targets.namespace_pipe_dir`). So a simulated node
 refuses what a real one refuses (e.g. a multi-GPU claim with mixed limits) and hands out the
@@ -23,6 +23,7 @@ from pathlib import Path
 
 from dra_driver.atomicfile import ensure_dir
 from dra_driver.cdi import ContainerEdits
+from dra_driver.claimplan import ClaimPlan
 from dra_driver.mps.base import MpsError
 from dra_driver.mps.names import claim_uid_of, claim_uid_of_server
 from dra_driver.mps.targets import (
@@ -32,9 +33,8 @@ from dra_driver.mps.targets import (
     check_mode_conflicts,
     claim_edits,
     namespace_pipe_dir,
-    plan_targets,
+    targets_for_claim,
 )
-from dra_driver.prepare import ClaimPlan
 from dra_driver.vocabulary import Tier
 
 __all__ = ["CONTAINER_PIPE_DIR", "RecordingEnforcer"]
@@ -72,7 +72,7 @@ class RecordingEnforcer:
         tiers = self.tiers
         if tiers is None:
             tiers = {d.gpu.uuid: Tier.HARD for d in plan.devices}
-        return plan_targets(plan, tiers, self.options.default_active_thread_percentage)
+        return targets_for_claim(plan, tiers, self.options.default_active_thread_percentage)
 
     def apply(self, plan: ClaimPlan) -> Mapping[str, ContainerEdits]:
         """Record the plan and return per-device edits; raise MpsError for ``fail_for`` and

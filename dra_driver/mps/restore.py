@@ -7,13 +7,13 @@ from collections.abc import Sequence
 
 import structlog
 
+from dra_driver.claimplan import ClaimPlan
 from dra_driver.mps import removal
 from dra_driver.mps.base import MpsError
 from dra_driver.mps.control import MpsCommandError
 from dra_driver.mps.lifecycle import ClaimLifecycle
 from dra_driver.mps.names import DEDICATED_PREFIX, SERVER_PREFIX, claim_uid_of, claim_uid_of_server
 from dra_driver.mps.objects import MpsObjects
-from dra_driver.prepare import ClaimPlan
 
 log = structlog.get_logger(__name__)
 

@@ -3,8 +3,8 @@
 Both enforcers use these functions, so a simulated node (:class:`~dra_driver.mps.RecordingEnforcer`)
 hands containers exactly the edits a real node (:class:`~dra_driver.mps.MpsEnforcer`) would:
 
-- :func:`plan_targets`: claim plan + GPU tiers -> one :class:`FractionTarget` per GPU, validated
-  (including the multi-GPU rules below);
+- :func:`targets_for_claim`: claim plan + GPU tiers -> one :class:`FractionTarget` per GPU,
+  validated (including the multi-GPU rules below);
 - :func:`namespace_pipe_dir`: where a target's namespace pipe directory lives on the host;
 - :func:`target_edits` / :func:`claim_edits`: the CDI container edits per device;
 - :func:`check_mode_conflicts`: one GPU never serves both compute modes.
@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dra_driver.cdi import ContainerEdits, Mount
+from dra_driver.claimplan import ClaimPlan, ClaimRef
 from dra_driver.gpus import MIB, Gpu
 from dra_driver.mps.base import MpsError
 from dra_driver.mps.control import CONTROL_BINARY, NamespaceRow
@@ -51,7 +52,6 @@ from dra_driver.mps.names import (
     parse_memory,
     server_name,
 )
-from dra_driver.prepare import ClaimPlan, ClaimRef
 from dra_driver.vocabulary import COMPUTE_MODES, TIERS, ComputeMode, Tier
 
 """Enforcement tiers (``memoryEnforcement`` attribute), strongest first."""
@@ -181,7 +181,7 @@ def gpus_text(gpus: Sequence[Gpu]) -> str:
     return f"GPU{'s' if len(gpus) > 1 else ''} {listed}"
 
 
-def plan_targets(
+def targets_for_claim(
     plan: ClaimPlan, tiers: Mapping[str, str], default_threads: int = 100
 ) -> tuple[FractionTarget, ...]:
     """Pure: the per-GPU targets of a claim, validated.
@@ -379,7 +379,7 @@ def claim_edits(
     """Pure: the CDI edits of every device of a claim, keyed by ``DevicePlan.key``.
 
     Args:
-        targets: the claim's targets (:func:`plan_targets`).
+        targets: the claim's targets (:func:`targets_for_claim`).
         options: paths.
         pipes: GPU UUID -> namespace pipe directory as MPS reported it (real node); None to use
             :func:`namespace_pipe_dir` (simulated node).

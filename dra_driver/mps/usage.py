@@ -18,9 +18,9 @@ from collections.abc import Mapping, Sequence
 from dra_driver import budget
 from dra_driver.accounting import FractionUsage
 from dra_driver.budget import SCRAPE_BUDGET_S, Budget
+from dra_driver.claimplan import ClaimPlan
 from dra_driver.mps.enforcer import MpsEnforcer
 from dra_driver.mps.nvml import NvmlError, NvmlFacade
-from dra_driver.prepare import ClaimPlan
 from dra_driver.vocabulary import Tier
 
 

@@ -306,7 +306,7 @@ def plan_claim(
         claim: the ResourceClaim as decoded API JSON, unchecked (any JSON value).
         driver: our driver name; results of other drivers are ignored.
         pool: our pool name (the node name).
-        devices: this node's fraction devices by name (from ``slices.plan_devices``).
+        devices: this node's fraction devices by name (from ``slices.offered_devices``).
 
     Raises:
         PrepareError: a field of the wrong JSON type (the message names its path), UID

@@ -1,8 +1,10 @@
-"""Prepare and Unprepare: the effects around the pure plan (API read, MPS, CDI, checkpoint).
+"""The node's claim preparation: Prepare and Unprepare, the effects around the pure claim plan
+(:mod:`dra_driver.claimplan`): API read, enforcement (:mod:`dra_driver.mps`), CDI spec,
+checkpoint.
 
-Crash consistency: once :meth:`Driver.start` has run after a kill at any instant, each claim
-is either prepared (checkpoint record, a CDI spec listing the recorded CDI devices, and its
-enforcement) or absent (none of them). The orders that make it so:
+Crash consistency: once :meth:`ClaimPreparation.start` has run after a kill at any instant,
+each claim is either prepared (checkpoint record, a CDI spec listing the recorded CDI devices,
+and its enforcement) or absent (none of them). The orders that make it so:
 
 - Prepare: plan -> enforcer.apply -> CDI spec write -> checkpoint save. Killed before the
   save, a claim has no record, and start-up removes what it left.
@@ -38,6 +40,14 @@ import structlog
 from dra_driver import budget, cdi
 from dra_driver.budget import DEFAULT_CALL_BUDGET_S, STARTUP_BUDGET_S, Budget
 from dra_driver.checkpoint import Checkpoint, CheckpointCorrupt, ClaimRecord, PreparedDevice
+from dra_driver.claimplan import (
+    ClaimPlan,
+    ClaimRef,
+    PrepareError,
+    overcommit_error,
+    plan_claim,
+    validate_uid,
+)
 from dra_driver.claims import ClaimReader, ClaimReadTimeout
 from dra_driver.devicenodes import check_device_nodes
 from dra_driver.errors import ClaimError
@@ -46,14 +56,6 @@ from dra_driver.locking import LockTimeout, PrepareLock
 from dra_driver.metrics import Metrics
 from dra_driver.mps import FractionEnforcer
 from dra_driver.podclaims import PodClaims
-from dra_driver.prepare import (
-    ClaimPlan,
-    ClaimRef,
-    PrepareError,
-    overcommit_error,
-    plan_claim,
-    validate_uid,
-)
 from dra_driver.slices import FractionDevice
 
 log = structlog.get_logger(__name__)
@@ -67,7 +69,7 @@ CLAIM_READ_SHARE = 0.5
 """Part of a call's budget its claim reads may take; the rest is kept for the node-side work
 of the claims that were read (so hung reads cannot starve the good claims of a batch)."""
 
-__all__ = ["Driver", "PrepareOutcome", "PreparedDevice"]
+__all__ = ["ClaimPreparation", "PrepareOutcome", "PreparedDevice"]
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ def _remove_temp_files(*dirs: Path) -> None:
                 log.info("removed temp file left by a killed write", path=str(tmp))
 
 
-class Driver:
+class ClaimPreparation:
     """The node-side driver: serialized, idempotent Prepare/Unprepare of claims.
 
     Args:
@@ -142,7 +144,9 @@ class Driver:
         self._seen_stat: tuple[int, int, int] | None = None
         self.call_budget = call_budget
         self.startup_budget = startup_budget
-        self._pool = ThreadPoolExecutor(max_workers=CLAIM_READERS, thread_name_prefix="claim-read")
+        self._readers = ThreadPoolExecutor(
+            max_workers=CLAIM_READERS, thread_name_prefix="claim-read"
+        )
         self._pod_claims = PodClaims()
 
     def start(self) -> None:
@@ -343,7 +347,7 @@ class Driver:
         not finish in time gives that claim a timeout error (its thread ends with its own HTTP
         timeout, which is the same deadline)."""
         futures: dict[str, Future[Mapping[str, Any] | Exception]] = {
-            r.uid: self._pool.submit(self._read, r, reading, call) for r in refs
+            r.uid: self._readers.submit(self._read, r, reading, call) for r in refs
         }
         wait_for_futures(futures.values(), timeout=reading.remaining())
         out: dict[str, Mapping[str, Any] | Exception] = {}
@@ -515,7 +519,7 @@ class Driver:
 
     def close(self) -> None:
         """Stop the claim-reader threads."""
-        self._pool.shutdown(wait=False)
+        self._readers.shutdown(wait=False)
 
 
 def _read_timeout(ref: ClaimRef, reading: Budget, call: Budget) -> PrepareError:
