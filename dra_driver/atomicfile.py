@@ -6,6 +6,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import structlog
+
+log = structlog.get_logger(__name__)
+
 
 def ensure_dir(path: str | Path, mode: int) -> Path:
     """Create ``path`` and its missing parents with exactly ``mode`` (e.g. ``0o700``),
@@ -64,3 +68,12 @@ def write_atomic(
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def remove_temp_files(*dirs: Path) -> None:
+    """Remove temp files a killed write left behind (``.<name>.<pid>.tmp``)."""
+    for d in dirs:
+        if d.is_dir():
+            for tmp in d.glob(".*.tmp"):
+                tmp.unlink(missing_ok=True)
+                log.info("removed temp file left by a killed write", path=str(tmp))

@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
+from dra_driver.ids import PrepareError
+
 KUBELET_CALL_TIMEOUT_S = 45.0
 """How long the kubelet waits for one DRA call (``defaultClientCallTimeout``)."""
 DEFAULT_CALL_BUDGET_S = 30.0
@@ -85,3 +87,26 @@ def within(budget: Budget) -> Iterator[Budget]:
         yield budget
     finally:
         _current.reset(token)
+
+
+def lock_timeout_message(call: Budget, exc: Exception) -> str:
+    """A call's claims' error when the prepare lock was not obtained within its budget."""
+    return (
+        f"waiting for the prepare lock did not finish within {call.text()} (the call's "
+        f"budget, --call-budget): {exc}; the kubelet retries"
+    )
+
+
+def check_started(call: Budget, doing: str, claim: str) -> None:
+    """Raise when the call's budget is spent before the node-side work on ``claim``
+    (``namespace/name``) starts.
+
+    Raises:
+        PrepareError: naming the claim and the budget (the kubelet retries).
+    """
+    if call.spent():
+        raise PrepareError(
+            f"{doing} claim {claim} did not start within {call.text()} (the "
+            "call's budget, --call-budget, was spent on the claims before it); the kubelet "
+            "retries"
+        )

@@ -1,23 +1,20 @@
-"""CDI specs: one spec file per prepared claim, built purely, written atomically.
+"""CDI spec content (pure): devices, containerEdits and the spec document of one claim.
 
 Spec kind is ``<vendor>/claim``; each allocated device becomes one CDI device named
 ``claim-<claimUID>-<device>[-<shareID>]`` so a runtime never reuses a stale cached spec.
-Files are ``<cdi-root>/<vendor>-claim_<claimUID>.json`` (the CDI transient-spec naming).
+Files are ``<cdi-root>/<vendor>-claim_<claimUID>.json`` (the CDI transient-spec naming),
+written and removed by :mod:`dra_driver.cdifiles`.
 Rules per the CDI spec (github.com/cncf-tags/container-device-interface, SPEC.md and
 specs-go/version.go): the lowest ``cdiVersion`` whose features the spec uses.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from dra_driver.atomicfile import write_atomic
 from dra_driver.errors import ClaimError
 from dra_driver.ids import validate_uid
 from dra_driver.textlimits import shown
@@ -182,60 +179,3 @@ def build_spec(vendor: str, devices: Iterable[CdiDevice]) -> dict[str, Any]:
     if not body["devices"]:
         raise CdiError("a CDI spec needs at least one device")
     return {"cdiVersion": minimum_version(body), **body}
-
-
-def spec_path(cdi_root: str | Path, vendor: str, claim_uid: str) -> Path:
-    """``<cdi-root>/<vendor>-claim_<uid>.json`` (UID validated first).
-
-    Raises:
-        PrepareError: when the claim UID is malformed.
-    """
-    validate_uid(claim_uid)
-    return Path(cdi_root) / f"{vendor}-{CDI_CLASS}_{claim_uid}.json"
-
-
-def claim_uids_on_disk(cdi_root: str | Path, vendor: str) -> set[str]:
-    """Claim UIDs that have a spec file of ours under ``cdi_root``."""
-    prefix = f"{vendor}-{CDI_CLASS}_"
-    root = Path(cdi_root)
-    if not root.is_dir():
-        return set()
-    return {
-        p.name[len(prefix) : -len(".json")]
-        for p in root.iterdir()
-        if p.name.startswith(prefix) and p.name.endswith(".json")
-    }
-
-
-def write_spec(cdi_root: str | Path, vendor: str, claim_uid: str, spec: Mapping[str, Any]) -> Path:
-    """Atomically write the claim's spec (temp file, rename) and return its path.
-
-    No fsync: CDI specs live on the ``/var/run`` tmpfs and are boot-scoped like the
-    checkpoint, so only atomicity against a killed process matters, which rename gives.
-    """
-    path = spec_path(cdi_root, vendor, claim_uid)
-    write_atomic(path, json.dumps(spec, indent=2, sort_keys=True).encode(), durable=False)
-    return path
-
-
-def spec_device_ids(cdi_root: str | Path, vendor: str, claim_uid: str) -> frozenset[str] | None:
-    """Fully qualified CDI device IDs (``<vendor>/claim=<name>``) that the claim's spec on
-    disk lists; None when there is no spec or it is not a readable spec.
-
-    Raises:
-        PrepareError: when the claim UID is malformed.
-    """
-    try:
-        spec = json.loads(spec_path(cdi_root, vendor, claim_uid).read_bytes())
-        return frozenset(f"{spec['kind']}={d['name']}" for d in spec["devices"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def remove_spec(cdi_root: str | Path, vendor: str, claim_uid: str) -> bool:
-    """Remove the claim's spec file; return whether one existed (idempotent)."""
-    try:
-        os.unlink(spec_path(cdi_root, vendor, claim_uid))
-    except FileNotFoundError:
-        return False
-    return True

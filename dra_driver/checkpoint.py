@@ -43,10 +43,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from dra_driver.atomicfile import write_atomic
 from dra_driver.claimplan import ClaimPlan, ClaimRef, DevicePlan, plan_to_json
 from dra_driver.errors import DriverError, StartupError
 from dra_driver.gpus import Gpu
+
+log = structlog.get_logger(__name__)
 
 VERSION = 1
 """The format :meth:`Checkpoint.save` writes."""
@@ -284,6 +288,7 @@ class Checkpoint:
         self.boot_id = boot_id
         self.claims: dict[str, ClaimRecord] = {}
         self._encoded: dict[str, tuple[ClaimRecord, dict[str, Any]]] = {}
+        self._seen: tuple[int, int, int] | None = None
 
     def load(self) -> bool:
         """Load the file; return False when it belonged to another boot (then start empty).
@@ -318,6 +323,27 @@ class Checkpoint:
         self.claims = claims
         return True
 
+    def _file_stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def remember_file(self) -> None:
+        """Note the file as it is now (inode, mtime, size), for :meth:`reload_if_changed`."""
+        self._seen = self._file_stat()
+
+    def reload_if_changed(self) -> None:
+        """Reload when another plugin instance (a rolling update) wrote the file since this
+        one last loaded or saved it; a corrupt file is logged and leaves no records."""
+        if self._file_stat() != self._seen:
+            try:
+                self.load()
+            except CheckpointCorrupt as exc:
+                log.error("checkpoint corrupt; continuing with no prepared claims", error=str(exc))
+            self.remember_file()
+
     def _records_json(self) -> dict[str, dict[str, Any]]:
         """Every record in the current format (encoded once per record object)."""
         encoded = {}
@@ -344,3 +370,4 @@ class Checkpoint:
             "claims": claims,
         }
         write_atomic(self.path, json.dumps(doc, sort_keys=True).encode(), 0o600, dir_mode=0o700)
+        self.remember_file()

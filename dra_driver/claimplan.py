@@ -13,11 +13,11 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from dra_driver.apijson import Field
-from dra_driver.gpus import Gpu
+from dra_driver.devices import FractionDevice
+from dra_driver.gpus.model import Gpu
 from dra_driver.ids import DNS_LABEL, DNS_LABEL_RULE, PrepareError, is_dns_label, validate_uid
 from dra_driver.params import ClaimParameters, parse_parameters, quantity_bytes
 from dra_driver.quantities import canonical_quantity
-from dra_driver.slices import FractionDevice
 from dra_driver.textlimits import shown
 from dra_driver.vocabulary import ComputeMode, FractionModel
 

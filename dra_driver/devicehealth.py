@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from dra_driver.kubelet.health import DeviceStatus
-from dra_driver.slices import FractionDevice
+from dra_driver.devices import DeviceStatus, FractionDevice
 
 
 def device_health(

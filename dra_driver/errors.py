@@ -30,3 +30,9 @@ class StartupError(DriverError):
 class UsageError(StartupError, ValueError):
     """A flag or argument that cannot work (a node name that is no DNS subdomain, a socket
     path over the kernel's limit); the message names it and what to change."""
+
+
+CLAIM_ERRORS: tuple[type[Exception], ...] = (ClaimError, OSError)
+"""What fails one claim with its own message: a :class:`ClaimError`, or an ``OSError`` of the
+node (disk full, permission); anything else is a bug, logged with its traceback and reported
+to the kubelet as an internal error."""

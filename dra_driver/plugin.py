@@ -23,12 +23,13 @@ from dra_driver.accounting import UsageSource, register_accounting
 from dra_driver.atomicfile import ensure_dir
 from dra_driver.budget import DEFAULT_CALL_BUDGET_S, HEALTH_CHECK_BUDGET_S, Budget
 from dra_driver.checkpoint import read_boot_id
+from dra_driver.claimreads import CLAIM_READERS
 from dra_driver.claims import ApiClaimReader
 from dra_driver.config import NodeConfig, warn_unmatched_selectors
 from dra_driver.configload import load_node_config
 from dra_driver.devicehealth import device_health
+from dra_driver.devices import DeviceStatus, FractionDevice
 from dra_driver.gpus import GpuSource, Inventory, open_source, simnode
-from dra_driver.kubelet.health import DeviceStatus
 from dra_driver.kubelet.server import PluginServer, SocketPaths
 from dra_driver.locking import PrepareLock
 from dra_driver.metrics import Metrics
@@ -36,10 +37,10 @@ from dra_driver.mps import FractionEnforcer, RecordingEnforcer
 from dra_driver.mps.enforcer import MpsEnforcer, MpsOptions
 from dra_driver.mps.nvml import PynvmlFacade
 from dra_driver.mps.usage import MpsUsageSource
-from dra_driver.preparation import CLAIM_READERS, ClaimPreparation
+from dra_driver.preparation import ClaimPreparation
 from dra_driver.publisher import SlicePublisher
 from dra_driver.runner import SubprocessRunner
-from dra_driver.slices import FractionDevice, build_slices, offered_devices
+from dra_driver.slices import build_slices, offered_devices
 from dra_driver.sockets import check_socket_paths
 from dra_driver.tiers import EnforcementReport, detect_enforcement
 

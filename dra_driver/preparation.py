@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_for_futures
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -37,8 +35,16 @@ from typing import Any
 
 import structlog
 
-from dra_driver import budget, cdi
-from dra_driver.budget import DEFAULT_CALL_BUDGET_S, STARTUP_BUDGET_S, Budget
+from dra_driver import budget, cdi, cdifiles, unpreparation
+from dra_driver.atomicfile import remove_temp_files
+from dra_driver.budget import (
+    DEFAULT_CALL_BUDGET_S,
+    STARTUP_BUDGET_S,
+    Budget,
+    check_started,
+    lock_timeout_message,
+)
+from dra_driver.cdifiles import spec_matches, write_claim_spec
 from dra_driver.checkpoint import Checkpoint, CheckpointCorrupt, ClaimRecord, PreparedDevice
 from dra_driver.claimplan import (
     ClaimPlan,
@@ -48,23 +54,18 @@ from dra_driver.claimplan import (
     plan_claim,
     validate_uid,
 )
-from dra_driver.claims import ClaimReader, ClaimReadTimeout
+from dra_driver.claimreads import ClaimReads, unread_error
+from dra_driver.claims import ClaimReader
 from dra_driver.devicenodes import check_device_nodes
-from dra_driver.errors import ClaimError
-from dra_driver.ids import validate_claim_name
+from dra_driver.devices import FractionDevice
+from dra_driver.errors import CLAIM_ERRORS
 from dra_driver.locking import LockTimeout, PrepareLock
 from dra_driver.metrics import Metrics
 from dra_driver.mps import FractionEnforcer
 from dra_driver.podclaims import PodClaims
-from dra_driver.slices import FractionDevice
 
 log = structlog.get_logger(__name__)
 
-_CLAIM_ERRORS = (ClaimError, OSError)
-"""Errors that fail one claim with their message; anything else is a bug (logged with its
-traceback, reported as an internal error)."""
-CLAIM_READERS = 32
-"""Claims read from the API server at once (over all calls); more wait for a free reader."""
 CLAIM_READ_SHARE = 0.5
 """Part of a call's budget its claim reads may take; the rest is kept for the node-side work
 of the claims that were read (so hung reads cannot starve the good claims of a batch)."""
@@ -78,15 +79,6 @@ class PrepareOutcome:
 
     devices: tuple[PreparedDevice, ...] = ()
     error: str = ""
-
-
-def _remove_temp_files(*dirs: Path) -> None:
-    """Remove temp files a killed write left behind (``.<name>.<pid>.tmp``)."""
-    for d in dirs:
-        if d.is_dir():
-            for tmp in d.glob(".*.tmp"):
-                tmp.unlink(missing_ok=True)
-                log.info("removed temp file left by a killed write", path=str(tmp))
 
 
 class ClaimPreparation:
@@ -141,13 +133,10 @@ class ClaimPreparation:
         self.lock = lock
         self.checkpoint = Checkpoint(state_dir, boot_id)
         self.metrics = metrics or Metrics()
-        self._seen_stat: tuple[int, int, int] | None = None
         self.call_budget = call_budget
         self.startup_budget = startup_budget
-        self._readers = ThreadPoolExecutor(
-            max_workers=CLAIM_READERS, thread_name_prefix="claim-read"
-        )
-        self._pod_claims = PodClaims()
+        self._reads = ClaimReads(lambda: self.reader)
+        self.pod_claims = PodClaims()
 
     def start(self) -> None:
         """Load the checkpoint and reconcile records, enforcement and CDI specs both ways:
@@ -159,7 +148,7 @@ class ClaimPreparation:
         the sweep is skipped, so running containers keep their CDI specs and MPS settings.
         """
         with self.lock.held():
-            _remove_temp_files(self.cdi_root, self.checkpoint.path.parent)
+            remove_temp_files(self.cdi_root, self.checkpoint.path.parent)
             try:
                 same_boot = self.checkpoint.load()
                 if not same_boot:
@@ -173,9 +162,9 @@ class ClaimPreparation:
                     "CDI specs and MPS state in place (unprepare still removes them by claim UID)",
                     error=str(exc),
                 )
-                self._remember_stat()
+                self.checkpoint.remember_file()
                 return
-            self._remember_stat()
+            self.checkpoint.remember_file()
             with budget.within(Budget.of(self.startup_budget)):
                 self.enforcer.restore(self.prepared_plans())
                 self._sweep()
@@ -183,12 +172,12 @@ class ClaimPreparation:
 
     def _sweep(self) -> None:
         known = set(self.checkpoint.claims)
-        for uid in sorted(cdi.claim_uids_on_disk(self.cdi_root, self.driver_name) - known):
+        for uid in sorted(cdifiles.claim_uids_on_disk(self.cdi_root, self.driver_name) - known):
             try:
                 validate_uid(uid)
             except PrepareError:
                 continue
-            cdi.remove_spec(self.cdi_root, self.driver_name, uid)
+            cdifiles.remove_spec(self.cdi_root, self.driver_name, uid)
             self.enforcer.release(uid)
             log.info("removed orphaned CDI spec", claim_uid=uid)
 
@@ -197,12 +186,8 @@ class ClaimPreparation:
         devices (an older version's killed Unprepare removed it before the record)."""
         for uid in sorted(self.checkpoint.claims):
             record = self.checkpoint.claims[uid]
-            if not self._spec_matches(record):
+            if not self._spec_ok(record):
                 self._claim_outcome(record.plan.claim, partial(self._ensure_artifacts, record))
-
-    def _spec_matches(self, record: ClaimRecord) -> bool:
-        listed = cdi.spec_device_ids(self.cdi_root, self.driver_name, record.plan.claim.uid)
-        return listed == frozenset(i for d in record.devices for i in d.cdi_device_ids)
 
     def _ensure_artifacts(self, record: ClaimRecord) -> PrepareOutcome:
         """The recorded answer, after re-creating the claim's enforcement and CDI spec from
@@ -213,8 +198,10 @@ class ClaimPreparation:
                 the kubelet's retry tries again).
         """
         plan = record.plan
-        if not (self._spec_matches(record) and self.enforcer.enforced(plan)):
-            self._write_cdi(plan, self.enforcer.apply(plan))
+        if not (self._spec_ok(record) and self.enforcer.enforced(plan)):
+            write_claim_spec(
+                self.cdi_root, self.driver_name, self.device_root, plan, self.enforcer.apply(plan)
+            )
             log.warning(
                 "re-created the enforcement and CDI spec of a prepared claim",
                 claim_uid=plan.claim.uid,
@@ -222,29 +209,6 @@ class ClaimPreparation:
                 name=plan.claim.name,
             )
         return PrepareOutcome(devices=record.devices)
-
-    def _stat(self) -> tuple[int, int, int] | None:
-        try:
-            st = self.checkpoint.path.stat()
-        except FileNotFoundError:
-            return None
-        return (st.st_ino, st.st_mtime_ns, st.st_size)
-
-    def _remember_stat(self) -> None:
-        self._seen_stat = self._stat()
-
-    def _refresh(self) -> None:
-        """Reload the checkpoint if another plugin instance changed it since we last looked."""
-        if self._stat() != self._seen_stat:
-            try:
-                self.checkpoint.load()
-            except CheckpointCorrupt as exc:
-                log.error("checkpoint corrupt; continuing with no prepared claims", error=str(exc))
-            self._remember_stat()
-
-    def _save(self) -> None:
-        self.checkpoint.save()
-        self._remember_stat()
 
     def prepare(self, refs: Iterable[ClaimRef]) -> dict[str, PrepareOutcome]:
         """Prepare each claim; each one fails alone. Returns outcomes keyed by claim UID.
@@ -257,11 +221,11 @@ class ClaimPreparation:
         # Read outside the lock (claims our snapshot knows are answered from the checkpoint).
         reading = Budget.of(call.seconds * CLAIM_READ_SHARE)
         unknown = [r for r in refs if r.uid not in self.checkpoint.claims]
-        claims = self._read_all(unknown, reading, call)
+        claims = self._reads.read_all(unknown, reading, call)
         try:
             outcomes = self._prepare_locked(refs, claims, call)
         except LockTimeout as exc:
-            error = _lock_timeout(call, exc)
+            error = lock_timeout_message(call, exc)
             outcomes = {r.uid: PrepareOutcome(error=error) for r in refs}
         self.metrics.observe("prepare", len(refs), time.perf_counter() - started)
         return outcomes
@@ -280,7 +244,7 @@ class ClaimPreparation:
         """
         outcomes: dict[str, PrepareOutcome] = {}
         with budget.within(call), self.lock.held(timeout=call.remaining()):
-            self._refresh()
+            self.checkpoint.reload_if_changed()
             todo: list[ClaimRef] = []
             for ref in refs:
                 record = self.checkpoint.claims.get(ref.uid)
@@ -293,14 +257,14 @@ class ClaimPreparation:
             prepared = {p.claim.uid: p for p in self.prepared_plans()} if todo else {}
             fresh: list[str] = []
             for ref in todo:
-                claim = claims[ref.uid] if ref.uid in claims else _unread(ref)
+                claim = claims[ref.uid] if ref.uid in claims else unread_error(ref)
                 step = partial(self._prepare_budgeted, ref, claim, table, prepared, call)
                 outcomes[ref.uid] = self._claim_outcome(ref, step)
                 if not outcomes[ref.uid].error:
                     fresh.append(ref.uid)
             if fresh:
                 try:
-                    self._save()
+                    self.checkpoint.save()
                 except OSError as exc:
                     for uid in fresh:
                         self._undo(uid)
@@ -314,7 +278,7 @@ class ClaimPreparation:
         bound = log.bind(claim_uid=ref.uid, namespace=ref.namespace, name=ref.name)
         try:
             outcome = step()
-        except _CLAIM_ERRORS as exc:
+        except CLAIM_ERRORS as exc:
             self.metrics.errors.labels(operation="prepare").inc()
             bound.warning("claim prepare failed", error=str(exc))
             return PrepareOutcome(error=str(exc))
@@ -337,41 +301,8 @@ class ClaimPreparation:
         reading it raised) and if the call's budget is left."""
         if isinstance(claim, Exception):
             raise claim
-        _check_budget(call, "preparing", ref)
+        check_started(call, "preparing", f"{ref.namespace}/{ref.name}")
         return self._prepare_one(ref, claim, table, prepared)
-
-    def _read_all(
-        self, refs: list[ClaimRef], reading: Budget, call: Budget
-    ) -> dict[str, Mapping[str, Any] | Exception]:
-        """Read ``refs`` in parallel within ``reading`` (part of ``call``); a read that does
-        not finish in time gives that claim a timeout error (its thread ends with its own HTTP
-        timeout, which is the same deadline)."""
-        futures: dict[str, Future[Mapping[str, Any] | Exception]] = {
-            r.uid: self._readers.submit(self._read, r, reading, call) for r in refs
-        }
-        wait_for_futures(futures.values(), timeout=reading.remaining())
-        out: dict[str, Mapping[str, Any] | Exception] = {}
-        for ref in refs:
-            future = futures[ref.uid]
-            if future.cancel() or not future.done():
-                out[ref.uid] = _read_timeout(ref, reading, call)
-            else:
-                out[ref.uid] = future.result()
-        return out
-
-    def _read(self, ref: ClaimRef, reading: Budget, call: Budget) -> Mapping[str, Any] | Exception:
-        try:
-            validate_uid(ref.uid)
-            validate_claim_name(ref.namespace, ref.name)
-            if reading.spent():  # waited for a free reader all along
-                return _read_timeout(ref, reading, call)
-            return self.reader.read(ref.namespace, ref.name, timeout=reading.remaining())
-        except ClaimReadTimeout:
-            return _read_timeout(ref, reading, call)
-        except PrepareError as exc:
-            return exc
-        except Exception as exc:  # API server unreachable, bad JSON: this claim fails alone
-            return PrepareError(f"reading claim {ref.namespace}/{ref.name} failed: {exc}")
 
     def _prepare_one(
         self,
@@ -389,7 +320,9 @@ class ClaimPreparation:
         check_device_nodes(self.device_root_view, plan)
         edits = self.enforcer.apply(plan)
         try:
-            devices = self._write_cdi(plan, edits)
+            devices = write_claim_spec(
+                self.cdi_root, self.driver_name, self.device_root, plan, edits
+            )
         except OSError as exc:
             self.enforcer.release(ref.uid)
             raise PrepareError(f"writing the CDI spec under {self.cdi_root} failed: {exc}") from exc
@@ -398,116 +331,27 @@ class ClaimPreparation:
             raise
         self.checkpoint.claims[ref.uid] = ClaimRecord(ref.namespace, ref.name, devices, plan)
         prepared[ref.uid] = plan
-        self._pod_claims.add(claim, plan)
+        self.pod_claims.add(claim, plan)
         return PrepareOutcome(devices=devices)
 
-    def _write_cdi(
+    def _spec_ok(self, record: ClaimRecord) -> bool:
+        return spec_matches(self.cdi_root, self.driver_name, record)
+
+    def _write_spec(
         self, plan: ClaimPlan, edits: Mapping[str, cdi.ContainerEdits]
     ) -> tuple[PreparedDevice, ...]:
-        cdi_devices = []
-        prepared = []
-        for d in plan.devices:
-            name = cdi.device_name(plan.claim.uid, d.device, d.share_id)
-            extra = edits.get(d.key, cdi.ContainerEdits())
-            nodes = tuple(
-                cdi.DeviceNode(p, str(self.device_root / p.lstrip("/")))
-                for p in (d.gpu.device_node, *cdi.CONTROL_DEVICE_NODES)
-            )
-            cdi_devices.append(
-                cdi.CdiDevice(name, cdi.ContainerEdits(extra.env, nodes, extra.mounts, extra.hooks))
-            )
-            prepared.append(
-                PreparedDevice(
-                    request_names=d.request_names,
-                    pool=d.pool,
-                    device=d.device,
-                    share_id=d.share_id,
-                    cdi_device_ids=(cdi.qualified_name(self.driver_name, name),),
-                )
-            )
-        spec = cdi.build_spec(self.driver_name, cdi_devices)
-        cdi.write_spec(self.cdi_root, self.driver_name, plan.claim.uid, spec)
-        return tuple(prepared)
+        return write_claim_spec(self.cdi_root, self.driver_name, self.device_root, plan, edits)
 
     def _undo(self, uid: str) -> None:
         self.checkpoint.claims.pop(uid, None)
-        self._pod_claims.forget(uid)
-        cdi.remove_spec(self.cdi_root, self.driver_name, uid)
+        self.pod_claims.forget(uid)
+        cdifiles.remove_spec(self.cdi_root, self.driver_name, uid)
         self.enforcer.release(uid)
 
     def unprepare(self, refs: Iterable[ClaimRef]) -> dict[str, str]:
         """Unprepare each claim (unknown claims succeed); returns error text by UID ("" = ok).
-
-        The records go first (one checkpoint save), then each claim's enforcement and CDI
-        spec, so a kill in between leaves artifacts without a record, which start-up removes.
-        If the checkpoint cannot be written, the records are put back, nothing is removed and
-        those claims fail, so the kubelet's retry finds them again (memory never runs ahead
-        of disk).
-        """
-        refs = list({r.uid: r for r in refs}.values())
-        started = time.perf_counter()
-        call = Budget.of(self.call_budget)
-        try:
-            errors = self._unprepare_locked(refs, call)
-        except LockTimeout as exc:
-            errors = dict.fromkeys((r.uid for r in refs), _lock_timeout(call, exc))
-        self.metrics.observe("unprepare", len(refs), time.perf_counter() - started)
-        return errors
-
-    def _unprepare_locked(self, refs: list[ClaimRef], call: Budget) -> dict[str, str]:
-        """The part of :meth:`unprepare` under the lock.
-
-        Raises:
-            LockTimeout: the lock was not obtained within the call's budget.
-        """
-        errors: dict[str, str] = {}
-        with budget.within(call), self.lock.held(timeout=call.remaining()):
-            self._refresh()
-            valid: list[ClaimRef] = []
-            for ref in refs:
-                try:
-                    validate_uid(ref.uid)
-                    valid.append(ref)
-                except PrepareError as exc:
-                    errors[ref.uid] = self._unprepare_failed(ref, exc)
-            removed = {
-                r.uid: record
-                for r in valid
-                if (record := self.checkpoint.claims.pop(r.uid, None)) is not None
-            }
-            if removed:
-                try:
-                    self._save()
-                except OSError as exc:
-                    self.checkpoint.claims.update(removed)
-                    for uid in removed:
-                        errors[uid] = f"checkpoint write to {self.checkpoint.path} failed: {exc}"
-                    valid = [r for r in valid if r.uid not in removed]
-            for ref in valid:
-                errors[ref.uid] = self._remove_artifacts(ref, call)
-        return errors
-
-    def _remove_artifacts(self, ref: ClaimRef, call: Budget) -> str:
-        """Release the claim's enforcement and remove its CDI spec; "" or the error text."""
-        try:
-            _check_budget(call, "unpreparing", ref)
-            self._pod_claims.forget(ref.uid)
-            self.enforcer.release(ref.uid)
-            cdi.remove_spec(self.cdi_root, self.driver_name, ref.uid)
-        except Exception as exc:  # a bug must fail this claim only, not the batch
-            return self._unprepare_failed(ref, exc)
-        log.info("claim unprepared", claim_uid=ref.uid, namespace=ref.namespace, name=ref.name)
-        return ""
-
-    def _unprepare_failed(self, ref: ClaimRef, exc: Exception) -> str:
-        """Log and count a failed unprepare; return the error text for the kubelet."""
-        self.metrics.errors.labels(operation="unprepare").inc()
-        bound = log.bind(claim_uid=ref.uid, namespace=ref.namespace, name=ref.name)
-        if isinstance(exc, _CLAIM_ERRORS):
-            bound.warning("claim unprepare failed", error=str(exc))
-            return str(exc)
-        bound.exception("claim unprepare failed unexpectedly")
-        return f"internal error: {exc!r}"
+        See :func:`dra_driver.unpreparation.unprepare`."""
+        return unpreparation.unprepare(self, refs)
 
     def prepared_plans(self) -> list[ClaimPlan]:
         """Plans of every prepared claim (for metrics and health); safe without the lock.
@@ -519,38 +363,4 @@ class ClaimPreparation:
 
     def close(self) -> None:
         """Stop the claim-reader threads."""
-        self._readers.shutdown(wait=False)
-
-
-def _read_timeout(ref: ClaimRef, reading: Budget, call: Budget) -> PrepareError:
-    return PrepareError(
-        f"reading ResourceClaim {ref.namespace}/{ref.name} from the API server did not finish "
-        f"within {reading.text()} (the reads' share of the call's {call.text()} budget, "
-        "--call-budget); the kubelet retries"
-    )
-
-
-def _lock_timeout(call: Budget, exc: LockTimeout) -> str:
-    return (
-        f"waiting for the prepare lock did not finish within {call.text()} (the call's "
-        f"budget, --call-budget): {exc}; the kubelet retries"
-    )
-
-
-def _check_budget(call: Budget, doing: str, ref: ClaimRef) -> None:
-    """Raise when the call's budget is spent before ``ref``'s node-side work starts."""
-    if call.spent():
-        raise PrepareError(
-            f"{doing} claim {ref.namespace}/{ref.name} did not start within {call.text()} (the "
-            "call's budget, --call-budget, was spent on the claims before it); the kubelet "
-            "retries"
-        )
-
-
-def _unread(ref: ClaimRef) -> PrepareError:
-    """The claim was prepared when the call came (so not read) and was unprepared by another
-    plugin instance before this call got the lock (a rolling update)."""
-    return PrepareError(
-        f"claim {ref.namespace}/{ref.name} was unprepared by another plugin instance while "
-        "this call waited; the kubelet retries"
-    )
+        self._reads.close()

@@ -51,6 +51,7 @@ from dra_driver.config import (
     warn_unmatched_selectors,
 )
 from dra_driver.configload import load_node_config
+from dra_driver.devices import FractionDevice
 from dra_driver.errors import UsageError
 from dra_driver.gpus.model import MIB, Gpu, Inventory, pre_volta_reason
 from dra_driver.quantities import canonical_quantity
@@ -97,36 +98,6 @@ _SEMVER = re.compile(
     r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)"
     r"(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?(\+[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?$"
 )
-
-
-@dataclass(frozen=True)
-class FractionDevice:
-    """One published device: a product fraction of a GPU, or a GPU's shared capacity device.
-
-    Attributes:
-        name: device name in the pool, a DNS label: ``gpu-<index>-<product>-<n>`` (products)
-            or ``gpu-<index>`` (capacity).
-        gpu: the parent GPU.
-        fraction_model: ``products`` or ``capacity``.
-        product: product name (products model), else None.
-        portion: share of the card (products model), else None.
-        memory_bytes: the device's guaranteed memory: the product's memory (``portion`` x card,
-            rounded down to a whole MiB; the whole card for portion 1), or for the capacity
-            model the whole card (a claim's share is its ``consumedCapacity``).
-        compute_mode: ``time-slicing`` or ``sm-sharing`` (the GPU's mode).
-        counter_set: the counter set it consumes from (products model), else None.
-        slots: slots consumed from ``counter_set`` (products model), else 0.
-    """
-
-    name: str
-    gpu: Gpu
-    fraction_model: str
-    product: str | None
-    portion: Fraction | None
-    memory_bytes: int
-    compute_mode: str
-    counter_set: str | None = None
-    slots: int = 0
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,9 @@ from pathlib import Path
 
 from dra_driver.errors import UsageError
 from dra_driver.kubelet.server import SocketPaths
-from dra_driver.mps.daemon import daemon_pipe_dir
 from dra_driver.mps.names import (
     DEDICATED_NAMESPACE,
+    daemon_pipe_dir,
     dedicated_server_name,
     namespace_name,
     server_name,

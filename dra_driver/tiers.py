@@ -36,8 +36,8 @@ from pathlib import Path
 import structlog
 
 from dra_driver.gpus import Gpu, Inventory, pre_volta_reason
-from dra_driver.mps.control import CONTROL_BINARY
 from dra_driver.mps.hooks import CTK_HOOK_PATH
+from dra_driver.mps.names import CONTROL_BINARY
 from dra_driver.runner import RC_NOT_EXECUTABLE, RC_NOT_FOUND, Runner, SubprocessRunner
 from dra_driver.vocabulary import Tier
 

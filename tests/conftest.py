@@ -23,13 +23,13 @@ from dra_driver.claims import ApiClaimReader
 from dra_driver.config import NodeConfig
 from dra_driver.configload import load_node_config, parse_node_config
 from dra_driver.devicehealth import device_health
+from dra_driver.devices import DeviceStatus, FractionDevice
 from dra_driver.gpus import SimulatedGpuSource, simnode
-from dra_driver.kubelet.health import DeviceStatus
 from dra_driver.kubelet.server import PluginServer, SocketPaths
 from dra_driver.locking import PrepareLock
 from dra_driver.mps import FractionEnforcer, RecordingEnforcer
 from dra_driver.preparation import ClaimPreparation
-from dra_driver.slices import FractionDevice, offered_devices
+from dra_driver.slices import offered_devices
 from tests.apiserver_stub import ClaimServer
 from tests.nodedirs import NodeDirs
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dra_driver import cdi
+from dra_driver import cdi, cdifiles
 from dra_driver.ids import PrepareError
 from tests.cdischema import load, validator
 
@@ -73,7 +73,7 @@ def test_names_refuse_bad_uids_and_share_ids() -> None:
     with pytest.raises(PrepareError):
         cdi.device_name("../../etc", "gpu-0")
     with pytest.raises(PrepareError):
-        cdi.spec_path("/tmp", "v", "A-B")
+        cdifiles.spec_path("/tmp", "v", "A-B")
     with pytest.raises(cdi.CdiError):
         cdi.device_name(UID, "gpu-0", "bad/share")
 
@@ -88,13 +88,13 @@ def test_every_uid_and_device_gives_a_valid_name(uid: str, device: str) -> None:
 
 def test_write_and_remove_are_atomic_and_idempotent(tmp_path: Path) -> None:
     spec = sample_spec()
-    path = cdi.write_spec(tmp_path, "gpu-fraction.dra.dev", UID, spec)
+    path = cdifiles.write_spec(tmp_path, "gpu-fraction.dra.dev", UID, spec)
     assert path.name == f"gpu-fraction.dra.dev-claim_{UID}.json"
     assert json.loads(path.read_text()) == spec
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
-    assert cdi.claim_uids_on_disk(tmp_path, "gpu-fraction.dra.dev") == {UID}
-    assert cdi.remove_spec(tmp_path, "gpu-fraction.dra.dev", UID)
-    assert not cdi.remove_spec(tmp_path, "gpu-fraction.dra.dev", UID)
+    assert cdifiles.claim_uids_on_disk(tmp_path, "gpu-fraction.dra.dev") == {UID}
+    assert cdifiles.remove_spec(tmp_path, "gpu-fraction.dra.dev", UID)
+    assert not cdifiles.remove_spec(tmp_path, "gpu-fraction.dra.dev", UID)
 
 
 @pytest.mark.parametrize("share_id", ["a\n", "a b", "a/b"])

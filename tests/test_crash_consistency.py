@@ -17,7 +17,7 @@ from unittest import mock
 
 import pytest
 
-from dra_driver import cdi
+from dra_driver import cdifiles
 from dra_driver.claimplan import ClaimRef
 from dra_driver.mps import MpsOptions, RecordingEnforcer
 from dra_driver.mps.names import namespace_name
@@ -116,8 +116,8 @@ def patched(node: Node, driver: ClaimPreparation, effect: str, when: str, nth: i
     owner: object = {
         "apply": node.enforcer,
         "release": node.enforcer,
-        "write_spec": cdi,
-        "remove_spec": cdi,
+        "write_spec": cdifiles,
+        "remove_spec": cdifiles,
         "save": driver.checkpoint,
     }[effect]
     return mock.patch.object(owner, effect, killing(effect, when, nth)(getattr(owner, effect)))

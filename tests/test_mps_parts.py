@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from dra_driver.gpus import MIB
 from dra_driver.mps import MpsError
-from dra_driver.mps.control import MpsControl, parse_clients, parse_namespaces, parse_servers
+from dra_driver.mps.control import MpsControl
 from dra_driver.mps.daemon import MpsDaemon, config_toml
 from dra_driver.mps.hooks import record_cgroup_hook
 from dra_driver.mps.janitor import SoftLimitJanitor
@@ -26,6 +26,7 @@ from dra_driver.mps.names import (
     server_name,
 )
 from dra_driver.mps.nvml import UNLIMITED, CgroupMemory
+from dra_driver.mps.rows import parse_clients, parse_namespaces, parse_servers
 from dra_driver.runner import SubprocessRunner
 from tests.fakes.mps_control import FakeMpsControl, FakeNvml
 

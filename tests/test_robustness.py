@@ -175,7 +175,7 @@ def test_cdi_write_failure_names_the_cdi_root(node: Node) -> None:
     claim = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
     node.claims.add(claim)
     driver = node.driver()
-    with mock.patch("dra_driver.cdi.write_atomic", side_effect=OSError(28, "No space left")):
+    with mock.patch("dra_driver.cdifiles.write_atomic", side_effect=OSError(28, "No space left")):
         error = driver.prepare([ref(claim)])[claim["metadata"]["uid"]].error
     assert f"writing the CDI spec under {node.cdi_root} failed" in error
     assert claim["metadata"]["uid"] not in node.enforcer.applied

@@ -14,7 +14,8 @@ import pytest
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.kubelet.server import SocketPaths
-from dra_driver.mps.targets import MpsOptions, namespace_pipe_dir, targets_for_claim
+from dra_driver.mps.edits import namespace_pipe_dir
+from dra_driver.mps.targets import MpsOptions, targets_for_claim
 from dra_driver.sockets import SUN_PATH_MAX, check_socket_paths, socket_paths
 from tests.fakes.plans import GIB, device, gpu, plan
 

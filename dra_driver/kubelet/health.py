@@ -19,11 +19,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import grpc
+
+from dra_driver.devices import DeviceStatus
 
 HEALTH_TIMEOUT_SECONDS = 60
 """How long the kubelet trusts one report; we resend well within it."""
@@ -86,14 +87,6 @@ class StreamSlots:
             ends = list(self._ends)
         for end in ends:
             end.set()
-
-
-@dataclass(frozen=True)
-class DeviceStatus:
-    """Health of one device: healthy or not, and why (<= 1024 characters are sent)."""
-
-    healthy: bool
-    message: str
 
 
 def _stream(

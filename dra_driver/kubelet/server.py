@@ -33,9 +33,10 @@ from dra_driver._proto import (
     registration_pb2_grpc,
 )
 from dra_driver.atomicfile import ensure_dir
+from dra_driver.devices import DeviceStatus
 from dra_driver.kubelet.decoding import DecodeInHandler
 from dra_driver.kubelet.dra import v1_servicer, v1beta1_servicer
-from dra_driver.kubelet.health import MAX_HEALTH_STREAMS, DeviceStatus, HealthServicer, StreamSlots
+from dra_driver.kubelet.health import MAX_HEALTH_STREAMS, HealthServicer, StreamSlots
 from dra_driver.kubelet.registration import RegistrationServicer, Reregistrar
 from dra_driver.preparation import ClaimPreparation
 

@@ -28,18 +28,14 @@ import structlog
 from dra_driver import budget
 from dra_driver.atomicfile import ensure_dir, write_atomic
 from dra_driver.mps.base import MpsError
-from dra_driver.mps.control import CONTROL_BINARY, MpsCommandError, MpsControl, MpsTimeout
+from dra_driver.mps.control import MpsCommandError, MpsControl, MpsTimeout
+from dra_driver.mps.names import CONTROL_BINARY, daemon_pipe_dir
 from dra_driver.runner import Runner
 from dra_driver.vocabulary import COMPUTE_MODES, ComputeMode
 
 log = structlog.get_logger(__name__)
 
 """Compute modes, each served by its own daemon."""
-
-
-def daemon_pipe_dir(root: Path, mode: str) -> Path:
-    """``CUDA_MPS_PIPE_DIRECTORY`` of the daemon serving ``mode`` under the enforcer's MPS root."""
-    return root / mode / "pipe"
 
 
 def config_toml(mode: str) -> str:

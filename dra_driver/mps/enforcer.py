@@ -45,8 +45,8 @@ from dra_driver.cdi import ContainerEdits
 from dra_driver.claimplan import ClaimPlan
 from dra_driver.mps.base import GpuHealth, MpsError
 from dra_driver.mps.computemode import ComputeModes
-from dra_driver.mps.control import ClientRow
 from dra_driver.mps.daemon import MpsDaemon
+from dra_driver.mps.edits import CONTAINER_PIPE_DIR, target_edits
 from dra_driver.mps.health import HealthRepair
 from dra_driver.mps.janitor import SoftLimitJanitor
 from dra_driver.mps.ledger import Applied, Ledger
@@ -54,14 +54,8 @@ from dra_driver.mps.lifecycle import ClaimLifecycle
 from dra_driver.mps.nvml import NvmlFacade
 from dra_driver.mps.objects import MpsObjects
 from dra_driver.mps.restore import restore_claims
-from dra_driver.mps.targets import (
-    CONTAINER_PIPE_DIR,
-    DEFAULT_ROOT,
-    FractionTarget,
-    MpsOptions,
-    target_edits,
-    targets_for_claim,
-)
+from dra_driver.mps.rows import ClientRow
+from dra_driver.mps.targets import DEFAULT_ROOT, FractionTarget, MpsOptions, targets_for_claim
 from dra_driver.runner import Runner
 from dra_driver.vocabulary import COMPUTE_MODES
 

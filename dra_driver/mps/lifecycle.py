@@ -13,6 +13,7 @@ from dra_driver.gpus import Gpu
 from dra_driver.mps import removal
 from dra_driver.mps.base import MpsError
 from dra_driver.mps.computemode import ComputeModes
+from dra_driver.mps.edits import claim_edits
 from dra_driver.mps.janitor import SoftLimitJanitor
 from dra_driver.mps.ledger import Applied, Ledger
 from dra_driver.mps.names import dedicated_server_name, mib, namespace_name
@@ -21,7 +22,6 @@ from dra_driver.mps.targets import (
     FractionTarget,
     MpsOptions,
     check_mode_conflicts,
-    claim_edits,
     targets_for_claim,
 )
 from dra_driver.vocabulary import Tier

@@ -9,10 +9,14 @@ Interface"); the suffixes are binary (``10G`` = 10,737,418,240 bytes, NVIDIA Dyn
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
-from dra_driver.gpus import MIB
+from dra_driver.gpus.model import MIB
 from dra_driver.ids import PrepareError, validate_uid
 from dra_driver.mps.base import MpsError
+
+CONTROL_BINARY = "nvidia-cuda-mps-control"
+"""Default MPS control program (looked up in ``PATH``)."""
 
 SERVER_PREFIX = "gpu_"
 """Prefix of the per-GPU MPS server name: ``gpu_<NVML index>``."""
@@ -123,3 +127,8 @@ def parse_memory(text: str) -> int | None:
     if not m:
         raise MpsError(f"cannot parse MPS memory value {text!r}")
     return int(m.group(1)) * _UNITS[m.group(2).upper()]
+
+
+def daemon_pipe_dir(root: Path, mode: str) -> Path:
+    """``CUDA_MPS_PIPE_DIRECTORY`` of the daemon serving ``mode`` under the enforcer's MPS root."""
+    return root / mode / "pipe"

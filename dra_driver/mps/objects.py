@@ -14,18 +14,14 @@ from dra_driver.atomicfile import ensure_dir
 from dra_driver.gpus import Gpu
 from dra_driver.mps.base import MpsError
 from dra_driver.mps.computemode import ComputeModes
-from dra_driver.mps.control import MpsCommandError, MpsControl, NamespaceRow, ServerRow
+from dra_driver.mps.control import MpsCommandError, MpsControl
 from dra_driver.mps.daemon import MpsDaemon
+from dra_driver.mps.edits import namespace_pipe_dir
 from dra_driver.mps.names import memory_arg
 from dra_driver.mps.nvml import NvmlError, NvmlFacade
 from dra_driver.mps.removal import terminate_clients
-from dra_driver.mps.targets import (
-    FractionTarget,
-    MpsOptions,
-    gpus_text,
-    namespace_drift,
-    namespace_pipe_dir,
-)
+from dra_driver.mps.rows import NamespaceRow, ServerRow
+from dra_driver.mps.targets import FractionTarget, MpsOptions, gpus_text, namespace_drift
 
 log = structlog.get_logger(__name__)
 

@@ -2,8 +2,8 @@
 
 It runs no command. Its edits come from the same pure functions the real
 :class:`~dra_driver.mps.MpsEnforcer` uses (:func:`~dra_driver.mps.targets.targets_for_claim`,
-:func:`~dra_driver.mps.targets.claim_edits`), with each namespace's pipe directory at the path
-MPS v3 lays it out (:func:`~dra_driver.mps.targets.namespace_pipe_dir`). So a simulated node
+:func:`~dra_driver.mps.edits.claim_edits`), with each namespace's pipe directory at the path
+MPS v3 lays it out (:func:`~dra_driver.mps.edits.namespace_pipe_dir`). So a simulated node
 refuses what a real one refuses (e.g. a multi-GPU claim with mixed limits) and hands out the
 real shape: the pipe mount, the memory env and, on ``hard`` GPUs, the memory-limit and record
 hooks.
@@ -25,14 +25,12 @@ from dra_driver.atomicfile import ensure_dir
 from dra_driver.cdi import ContainerEdits
 from dra_driver.claimplan import ClaimPlan
 from dra_driver.mps.base import MpsError
+from dra_driver.mps.edits import CONTAINER_PIPE_DIR, claim_edits, namespace_pipe_dir
 from dra_driver.mps.names import claim_uid_of, claim_uid_of_server
 from dra_driver.mps.targets import (
-    CONTAINER_PIPE_DIR,
     FractionTarget,
     MpsOptions,
     check_mode_conflicts,
-    claim_edits,
-    namespace_pipe_dir,
     targets_for_claim,
 )
 from dra_driver.vocabulary import Tier

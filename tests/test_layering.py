@@ -1,0 +1,75 @@
+"""The import graph's rule: pure modules (no I/O: decisions and records) import no effect
+module, so the pure core can be read and tested on its own (docs/architecture.md)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import dra_driver
+
+PACKAGE = Path(dra_driver.__file__).parent
+
+PURE = {
+    "dra_driver.apijson",
+    "dra_driver.cdi",
+    "dra_driver.claimplan",
+    "dra_driver.config",
+    "dra_driver.devicehealth",
+    "dra_driver.devices",
+    "dra_driver.errors",
+    "dra_driver.gpus.model",
+    "dra_driver.ids",
+    "dra_driver.params",
+    "dra_driver.quantities",
+    "dra_driver.textlimits",
+    "dra_driver.vocabulary",
+    "dra_driver.mps.base",
+    "dra_driver.mps.edits",
+    "dra_driver.mps.hooks",
+    "dra_driver.mps.names",
+    "dra_driver.mps.rows",
+    "dra_driver.mps.targets",
+}
+"""Modules that decide or describe and never touch files, processes, sockets or the API."""
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Project modules ``path`` imports (``from dra_driver.x import y`` counts x and x.y)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("dra_driver"))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dra_driver"):
+            assert node.module is not None
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+    return found
+
+
+def _sources() -> dict[str, Path]:
+    return {_module_name(p): p for p in PACKAGE.rglob("*.py") if "_proto" not in p.parts}
+
+
+def test_pure_modules_import_only_pure_modules() -> None:
+    sources = _sources()
+    assert set(sources) >= PURE, PURE - set(sources)
+    offending = {
+        name: sorted(m for m in _imports(sources[name]) if m in sources and m not in PURE)
+        for name in PURE
+    }
+    assert {k: v for k, v in offending.items() if v} == {}
+
+
+def test_compute_mode_names_are_spelled_in_one_module() -> None:
+    spelled = {
+        name
+        for name, p in _sources().items()
+        if '"time-slicing"' in p.read_text() or '"sm-sharing"' in p.read_text()
+    }
+    assert spelled == {"dra_driver.vocabulary"}
