@@ -12,6 +12,10 @@ class Metrics:
         ``dra_gpu_fraction_operations_total{operation}``: claims handled by prepare/unprepare.
         ``dra_gpu_fraction_errors_total{operation}``: per-claim failures (and checkpoint errors).
         ``dra_gpu_fraction_call_duration_seconds{operation}``: one gRPC call, seconds.
+        ``dra_gpu_fraction_slice_publish_failures_total{operation,reason}``: ResourceSlice API
+            calls of the publisher that failed (every retried attempt counts); ``operation`` is
+            ``list``, ``create``, ``update`` or ``delete``, ``reason`` the HTTP status
+            (``409``, ``503``...), ``connection`` (no response) or ``other``.
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -26,6 +30,13 @@ class Metrics:
             "dra_gpu_fraction_errors",
             "Per-claim failures, by operation (prepare, unprepare, checkpoint)",
             ["operation"],
+            registry=self.registry,
+        )
+        self.slice_publish_failures = Counter(
+            "dra_gpu_fraction_slice_publish_failures",
+            "ResourceSlice API calls that failed, by operation (list, create, update, delete)"
+            " and reason (HTTP status, connection, other)",
+            ["operation", "reason"],
             registry=self.registry,
         )
         self.duration = Histogram(

@@ -280,7 +280,9 @@ def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
         device_root_view=device_root_view,
     )
     driver.start()
-    publisher = SlicePublisher(k8s.ResourceV1Api(api), opts.driver_name, opts.node_name)
+    publisher = SlicePublisher(
+        k8s.ResourceV1Api(api), opts.driver_name, opts.node_name, metrics=metrics
+    )
 
     def desired() -> list[dict[str, object]]:
         state.refresh()

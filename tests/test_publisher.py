@@ -8,7 +8,6 @@ import threading
 import urllib.parse
 from collections import Counter
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -18,7 +17,9 @@ from kubernetes.client.exceptions import ApiException
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.config import NodeConfig
 from dra_driver.gpus import Inventory, SimulatedGpuSource
-from dra_driver.publisher import PublishError, SlicePublisher, is_retryable, normalize_spec
+from dra_driver.metrics import Metrics
+from dra_driver.publisher import PublishError, SlicePublisher, is_retryable
+from dra_driver.slicediff import normalize_spec
 from dra_driver.slices import build_slices
 from tests.apiserver_stub import ApiStub, StubError
 
@@ -85,9 +86,11 @@ class Store:
 
 
 class FakeResourceV1Api:
-    """The four ResourceV1Api methods the publisher calls; counts calls, injects failures."""
+    """The four ResourceV1Api methods the publisher calls, taking and returning the client's
+    models as the real one does; counts calls, injects failures (``ApiException``)."""
 
     def __init__(self, store: Store | None = None, honor_selector: bool = True) -> None:
+        self.api_client = SERIALIZER
         self.store = store or Store()
         self.calls: Counter[str] = Counter()
         self.failures: dict[str, list[Exception]] = {}
@@ -112,7 +115,9 @@ class FakeResourceV1Api:
     def list_resource_slice(self, *, field_selector: str) -> Any:
         selector = field_selector if self.honor_selector else ""
         items = self._call("list", lambda: self.store.list(selector))
-        return SimpleNamespace(items=[k8s.V1ResourceSlice.from_dict(o) for o in items])
+        return k8s.V1ResourceSliceList(
+            items=[k8s.V1ResourceSlice.from_dict(o) for o in items], metadata=k8s.V1ListMeta()
+        )
 
     def create_resource_slice(self, body: Any) -> Any:
         assert isinstance(body, k8s.V1ResourceSlice)
@@ -126,7 +131,7 @@ class FakeResourceV1Api:
         return k8s.V1ResourceSlice.from_dict(stored)
 
     def delete_resource_slice(self, name: str) -> Any:
-        return self._call("delete", lambda: self.store.delete(name))
+        return k8s.V1ResourceSlice.from_dict(self._call("delete", lambda: self.store.delete(name)))
 
 
 def publisher(api: Any, node: str = NODE, **kw: Any) -> tuple[SlicePublisher, list[float]]:
@@ -382,6 +387,32 @@ def test_delete_of_vanished_slice_is_fine() -> None:
     api.fail("delete", ApiException(status=404, reason="NotFound"))
     result = pub.publish([])
     assert len(result.deleted) == 2 and result.attempts == 1
+
+
+def test_failed_calls_are_counted_by_operation_and_reason() -> None:
+    api = FakeResourceV1Api()
+    metrics = Metrics()
+    pub = SlicePublisher(api, DRIVER, NODE, sleep=lambda _: None, metrics=metrics)
+
+    def failures(operation: str, reason: str) -> float | None:
+        labels = {"operation": operation, "reason": reason}
+        name = "dra_gpu_fraction_slice_publish_failures_total"
+        return metrics.registry.get_sample_value(name, labels)
+
+    api.fail("list", ApiException(status=503, reason="unavailable"))
+    api.fail("create", ApiException(status=409, reason="Conflict"), ConnectionRefusedError())
+    assert pub.publish(desired("simulated:L4x1")).attempts == 4  # three failed attempts
+    assert failures("list", "503") == 1
+    assert failures("create", "409") == 1 and failures("create", "connection") == 1
+    api.fail("replace", ApiException(status=422, reason="Invalid"))
+    gpu = inventory("simulated:L4x1").gpus[0]
+    with pytest.raises(PublishError, match="Invalid"):
+        pub.publish(desired("simulated:L4x1", enforcement={gpu.uuid: "hard"}))
+    assert failures("update", "422") == 1
+    api.fail("delete", ApiException(status=404, reason="NotFound"))  # already gone: fine
+    assert len(pub.publish([]).deleted) == 2
+    assert failures("delete", "404") is None
+    assert failures("update", "409") is None
 
 
 @pytest.mark.parametrize(
