@@ -166,7 +166,7 @@ def serving(node: Node, health_interval: float = 0.2) -> Iterator[tuple[PluginSe
         yield server, kubelet
     finally:
         kubelet.channel.close()
-        server.stop(grace=0.5)
+        server.stop(grace=0)
         driver.close()
 
 

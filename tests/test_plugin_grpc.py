@@ -364,7 +364,7 @@ def test_capacity_shares_with_share_ids_and_sm_sharing(mixed_node: Node) -> None
         assert not spec_file(node, claim).exists()
     finally:
         kubelet.channel.close()
-        server.stop(grace=0.5)
+        server.stop(grace=0)
         driver.close()
 
 
