@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from hypothesis import settings
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver._proto import (
@@ -32,6 +34,12 @@ from dra_driver.preparation import ClaimPreparation
 from dra_driver.slices import FractionDevice, offered_devices
 from tests.apiserver_stub import ClaimServer
 from tests.nodedirs import NodeDirs
+
+# Property tests: the unit tier's default draws 25 examples per test; DRA_HYPOTHESIS_PROFILE=deep
+# (or pytest's --hypothesis-profile=deep) draws 1000 for a thorough run.
+settings.register_profile("unit", max_examples=25)
+settings.register_profile("deep", max_examples=1000)
+settings.load_profile(os.environ.get("DRA_HYPOTHESIS_PROFILE", "unit"))
 
 NODE = "node-a"
 

@@ -8,7 +8,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import pytest
 import yaml
 
@@ -23,6 +22,7 @@ from dra_driver.deviceclasses import (
 )
 from dra_driver.gpus import SimulatedGpuSource
 from dra_driver.slices import build_slices, slice_devices
+from tests.support import k8sschema
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "manifests" / "deviceclasses"
@@ -92,7 +92,7 @@ def test_default_class_names() -> None:
 def test_classes_are_valid() -> None:
     config = load_node_config(str(EXAMPLE))
     for c in build_device_classes(config) + build_device_classes(driver="gpu.example.com"):
-        kubernetes_validate.validate(c, "1.37.0", strict=True)
+        k8sschema.validate(c)
         name = c["metadata"]["name"]
         assert DNS_LABEL.match(name) and len(name) <= 63
     longest = device_class_name("x" * 40, "sm-sharing")

@@ -41,13 +41,13 @@ from dra_driver.config import default_node_config  # noqa: E402
 from dra_driver.configload import load_node_config, parse_node_config_text  # noqa: E402
 from dra_driver.deviceclasses import build_device_classes  # noqa: E402
 from dra_driver.params import ParameterError, parse_parameters  # noqa: E402
+from tests.support import k8sschema  # noqa: E402
 
 CHART = ROOT / "deployments" / "helm" / "gpu-fraction-dra"
 MANIFESTS = ROOT / "manifests"
 EXAMPLES = MANIFESTS / "examples"
 INVALID = EXAMPLES / "invalid"
 BUILD_K8S = ROOT / "hack" / "build-k8s"
-K8S_VERSION = "1.37.0"
 RELEASE = "gpu-fraction-dra"
 NAMESPACE = "gpu-fraction-dra"
 PLACEHOLDER_IMAGE = "ghcr.io/example/gpu-fraction-dra:0.1.0"
@@ -314,7 +314,7 @@ def test_every_object_passes_the_1_37_schema() -> None:
     for where, obj in all_objects():
         seen += 1
         try:
-            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+            k8sschema.validate(obj)
         except kubernetes_validate.ValidationError as exc:
             errors.append(f"{where}: {exc.message} at {list(exc.path)}")
     assert not errors, "\n".join(errors)
@@ -343,7 +343,7 @@ def test_kubectl_apply_on_manifests_dir_reads_only_kubernetes_objects(recursive:
                 errors.append(f"{where}: not a Kubernetes object (no apiVersion/kind)")
                 continue
             try:
-                kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+                k8sschema.validate(obj)
             except kubernetes_validate.SchemaNotFoundError:
                 kind = f"{obj['kind']} {obj['apiVersion']}"
                 errors.append(f"{where}: {kind} is not a Kubernetes API type (kubectl fails)")

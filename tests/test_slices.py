@@ -8,7 +8,6 @@ from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
-import kubernetes_validate
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -38,6 +37,7 @@ from dra_driver.slices import (
     slice_devices,
     slice_name,
 )
+from tests.support import k8sschema
 
 DRIVER = DEFAULT_DRIVER_NAME
 NODE = "node-a"
@@ -58,7 +58,7 @@ def inventory(spec: str, node: str = NODE) -> Inventory:
 
 
 def validate(obj: Mapping[str, Any]) -> None:
-    kubernetes_validate.validate(dict(obj), "1.37.0", strict=True)
+    k8sschema.validate(obj)
 
 
 def qty(text: str) -> int:
@@ -543,7 +543,7 @@ def nodes(draw: st.DrawFn) -> tuple[str, NodeConfig]:
     return spec, NodeConfig(defaults=defaults, gpus=tuple(overrides))
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(nodes(), st.sampled_from(["node-a", "gpu-node-17.example.com"]), st.data())
 def test_any_node_publishes_valid_safe_slices(
     node_config: tuple[str, NodeConfig], node: str, data: st.DataObject
