@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-TIERS = ("lint", "unit", "e2e")
+TIERS = ("lint", "unit", "integration", "e2e")
 
 
 def stub(path: Path, body: str) -> None:
@@ -34,7 +34,9 @@ def make_test(tmp_path: Path, failing: set[str]) -> tuple[subprocess.CompletedPr
     stub(tmp_path / ".venv/bin/ruff", f"echo lint >> {ran}; exit {status['lint']}")
     stub(tmp_path / ".venv/bin/mypy", "exit 0")
     python = (
-        f'case "$*" in *"-m e2e"*) t=e2e; s={status["e2e"]};; *) t=unit; s={status["unit"]};; esac'
+        f'case "$*" in *"-m e2e"*) t=e2e; s={status["e2e"]};; '
+        f'*"-m integration"*) t=integration; s={status["integration"]};; '
+        f'*) t=unit; s={status["unit"]};; esac'
     )
     stub(tmp_path / ".venv/bin/python", f'{python}; echo "$t" >> {ran}; exit "$s"')
     stub(tmp_path / "hack/install-node-prereqs", "exit 0")
@@ -46,7 +48,7 @@ def make_test(tmp_path: Path, failing: set[str]) -> tuple[subprocess.CompletedPr
     return result, ran.read_text() if ran.exists() else ""
 
 
-@pytest.mark.parametrize("failing", [set(), {"lint"}, {"unit"}, {"lint", "e2e"}])
+@pytest.mark.parametrize("failing", [set(), {"lint"}, {"unit"}, {"integration"}, {"lint", "e2e"}])
 def test_make_test_runs_every_tier_and_reports_each(tmp_path: Path, failing: set[str]) -> None:
     result, ran = make_test(tmp_path, failing)
     assert set(ran.split()) == set(TIERS), result.stdout + result.stderr
