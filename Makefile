@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PY_SOURCES := dra_driver tests benchmarks hack/demo hack/gpu-check hack/local-cluster hack/local-node \
 	hack/local_install.py hack/build-image
 
-.PHONY: demo test unit lint e2e bench proto image clean
+.PHONY: demo test unit integration lint e2e bench proto image clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,7 @@ demo: $(STAMP)
 	hack/install-node-prereqs
 	$(PY) hack/demo
 
-TEST_TARGETS := lint unit e2e
+TEST_TARGETS := lint unit integration e2e
 
 # Runs every tier even when one fails (a unit failure must not hide the e2e results), prints
 # one result line per tier at the end and fails if any tier failed.
@@ -41,8 +41,14 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy --strict hack/local_install.py
 	$(VENV)/bin/mypy --strict --scripts-are-modules hack/build-image
 
+# unit: in-process tests (pure code, gRPC over unix sockets, fakes), under 30 s warm.
 unit: $(STAMP)
-	$(PY) -m pytest -m 'not e2e and not gpu' -q
+	$(PY) -m pytest -m 'not e2e and not gpu and not integration' -q
+
+# integration: real processes (the plugin and the CLI as subprocesses, SIGKILLs, helm, protoc,
+# make), multi-second timeouts; tools are built on first use (helm: hack/build-k8s).
+integration: $(STAMP)
+	$(PY) -m pytest -m 'integration and not e2e and not gpu' -q
 
 e2e: $(STAMP)
 	hack/install-node-prereqs

@@ -77,8 +77,8 @@ def serve_ours(socket: str, settings: dict[str, Any], ready: Event, stop: Event)
     from dra_driver.kubelet.server import PluginServer, SocketPaths
     from dra_driver.mps import RecordingEnforcer
     from dra_driver.slices import offered_devices
-    from tests.apiserver_stub import ClaimServer
-    from tests.conftest import NODE, Node
+    from tests.support.apiserver_stub import ClaimServer
+    from tests.support.node import NODE, Node
 
     logs.configure("error", "json")
     with tempfile.TemporaryDirectory(prefix="drag-") as tmp, ClaimServer() as claims:

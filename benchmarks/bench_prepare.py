@@ -29,8 +29,9 @@ from dra_driver import DEFAULT_DRIVER_NAME, logs  # noqa: E402
 from dra_driver._proto import dra_v1_pb2, registration_pb2, registration_pb2_grpc  # noqa: E402
 from dra_driver.atomicfile import write_atomic  # noqa: E402
 from dra_driver.kubelet.server import PluginServer, SocketPaths  # noqa: E402
-from tests import claimfactory as cf  # noqa: E402
-from tests.conftest import NODE, Node, kubelet_connect  # noqa: E402
+from tests.support import claimfactory as cf  # noqa: E402
+from tests.support.kubelet import kubelet_connect  # noqa: E402
+from tests.support.node import NODE, Node  # noqa: E402
 
 
 class FloorServicer(registration_pb2_grpc.RegistrationServicer):
@@ -59,7 +60,7 @@ def main() -> int:
     from dra_driver.gpus import SimulatedGpuSource
     from dra_driver.mps import RecordingEnforcer
     from dra_driver.slices import offered_devices
-    from tests.apiserver_stub import ClaimServer
+    from tests.support.apiserver_stub import ClaimServer
 
     with tempfile.TemporaryDirectory(prefix="drab-") as tmp, ClaimServer() as claims:
         root = Path(tmp)

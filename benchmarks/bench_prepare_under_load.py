@@ -35,8 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dra_driver import DEFAULT_DRIVER_NAME, logs  # noqa: E402
 from dra_driver._proto import dra_v1_pb2, health_v1_pb2, health_v1_pb2_grpc  # noqa: E402
 from dra_driver.kubelet.server import PluginServer, SocketPaths  # noqa: E402
-from tests import claimfactory as cf  # noqa: E402
-from tests.conftest import NODE, Kubelet, Node, kubelet_connect  # noqa: E402
+from tests.support import claimfactory as cf  # noqa: E402
+from tests.support.kubelet import Kubelet, kubelet_connect  # noqa: E402
+from tests.support.node import NODE, Node  # noqa: E402
 
 STREAMS = 8
 
@@ -124,7 +125,7 @@ def main() -> int:
     from dra_driver.gpus import SimulatedGpuSource
     from dra_driver.mps import RecordingEnforcer
     from dra_driver.slices import offered_devices
-    from tests.apiserver_stub import ClaimServer
+    from tests.support.apiserver_stub import ClaimServer
 
     with tempfile.TemporaryDirectory(prefix="drab-") as tmp, ClaimServer() as claims:
         inventory = SimulatedGpuSource("simulated:H200x8", seed=NODE).discover()

@@ -1,7 +1,7 @@
 """A tiny command-runner interface, so that effects such as MPS control commands are testable.
 
 Production code calls :class:`SubprocessRunner`; tests pass a fake that implements
-:class:`Runner` (e.g. ``tests/fakes/mps_control.py``). Nothing here raises for a failing
+:class:`Runner` (e.g. ``tests/support/fakes/mps_control.py``). Nothing here raises for a failing
 command: the exit status, stdout and stderr come back in :class:`Completed`, and a command
 that cannot be started or runs past its timeout is reported with the shell's conventional
 exit codes (127 not found, 126 not executable, 124 timed out).

@@ -24,7 +24,6 @@ import json
 import os
 import re
 import signal
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -38,7 +37,8 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from dra_driver import DEFAULT_DRIVER_NAME
-from tests.cdischema import validator as cdi_validator
+from hack import local_install
+from tests.support.cdischema import validator as cdi_validator
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL_NODE = REPO / "hack" / "local-node"
@@ -64,9 +64,6 @@ TIME_SLICING_GPUS = range(0, 4)
 CAPACITY_GPUS = range(4, 8)
 SM_SHARING_PRODUCT_GPUS = range(8, 12)
 T = TypeVar("T")
-
-sys.path.insert(0, str(REPO / "hack"))
-import local_install  # noqa: E402
 
 # What every test container runs: print what it sees, then wait (SIGTERM ends it at once).
 VIEW_SCRIPT = """

@@ -1,0 +1,102 @@
+"""A simulated node for in-process tests: directories, inventory, API server stub, driver."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dra_driver import DEFAULT_DRIVER_NAME
+from dra_driver.budget import STARTUP_BUDGET_S
+from dra_driver.claims import ApiClaimReader
+from dra_driver.config import NodeConfig
+from dra_driver.devicehealth import device_health
+from dra_driver.gpus import SimulatedGpuSource, simnode
+from dra_driver.kubelet.health import DeviceStatus
+from dra_driver.locking import PrepareLock
+from dra_driver.mps import FractionEnforcer, RecordingEnforcer
+from dra_driver.preparation import ClaimPreparation
+from dra_driver.slices import FractionDevice, offered_devices
+from tests.support.apiserver_stub import ClaimServer
+from tests.support.nodedirs import NodeDirs
+
+NODE = "node-a"
+
+
+@dataclass
+class Node(NodeDirs):
+    """Directories, the simulated inventory and what the kubelet would see."""
+
+    root: Path
+    devices: dict[str, FractionDevice]
+    claims: ClaimServer
+    enforcer: RecordingEnforcer
+    unhealthy_gpus: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.seen = dict(self.devices)
+
+    @property
+    def device_root(self) -> Path:
+        """Stands for the host's ``/``: the GPUs' and control device nodes (plain files) are
+        under ``<device_root>/dev``, as the ClaimPreparation checks them before writing a spec."""
+        return self.root / "devroot"
+
+    def make_device_nodes(self) -> None:
+        gpus = {d.gpu.uuid: d.gpu for d in self.devices.values()}.values()
+        for path in simnode.device_numbers(gpus):
+            host = self.device_root / path.lstrip("/")
+            host.parent.mkdir(parents=True, exist_ok=True)
+            host.touch()
+
+    def health(self) -> dict[str, DeviceStatus]:
+        """What the plugin reports: devices that vanished from ``devices`` are unhealthy."""
+        return device_health(self.devices, self.seen, self.unhealthy_gpus)
+
+    def driver(
+        self,
+        boot_id: str = "boot-1",
+        enforcer: FractionEnforcer | None = None,
+        startup_budget: float = STARTUP_BUDGET_S,
+    ) -> ClaimPreparation:
+        """A started ClaimPreparation for this node (its own enforcer unless one is given)."""
+        d = ClaimPreparation(
+            driver_name=DEFAULT_DRIVER_NAME,
+            pool=NODE,
+            reader=ApiClaimReader(self.claims.api_client()),
+            devices=lambda: self.devices,
+            enforcer=enforcer or self.enforcer,
+            cdi_root=self.cdi_root,
+            state_dir=self.state_dir,
+            lock=PrepareLock(self.plugin_dir / DEFAULT_DRIVER_NAME / "prepare.lock"),
+            boot_id=boot_id,
+            device_root=self.device_root,
+            startup_budget=startup_budget,
+        )
+        d.start()
+        return d
+
+    def device(self, gpu: int, product: str | None) -> str:
+        """Name of the first device of ``product`` (None: capacity device) on GPU ``gpu``."""
+        return next(
+            d.name for d in self.devices.values() if d.gpu.index == gpu and d.product == product
+        )
+
+
+MIXED_CONFIG = {
+    "apiVersion": "gpu-fraction.dra.dev/v1alpha1",
+    "kind": "NodeConfig",
+    "gpus": [{"selector": {"index": 1}, "fractionModel": "capacity", "computeMode": "sm-sharing"}],
+}
+"""GPU 0: products, time-slicing (defaults); GPU 1: capacity model, sm-sharing."""
+
+
+def make_node(config: NodeConfig) -> Iterator[Node]:
+    # Short paths: unix socket paths are limited to 107 bytes.
+    with tempfile.TemporaryDirectory(prefix="dra-") as tmp, ClaimServer() as claims:
+        inventory = SimulatedGpuSource("simulated:H200x2", seed=NODE).discover()
+        devices = {d.name: d for d in offered_devices(inventory, config)}
+        node = Node(Path(tmp), devices, claims, RecordingEnforcer())
+        node.make_device_nodes()
+        yield node

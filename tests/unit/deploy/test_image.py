@@ -1,0 +1,531 @@
+"""Container images built by ``hack/build-image`` (``make image``).
+
+Unit tier (fast, no network): the pins (requirements-image.txt against pyproject.toml,
+hack/image-packages.txt), the Dockerfile's image configuration against the script's, and the
+layer and OCI archive writer on tiny trees: sorted, normalized, reproducible, every digest and
+size right.
+
+e2e tier (needs apt-get, pip and the network on a cold cache, root for chroot): builds or
+reuses build/images/*.oci.tar, checks each OCI layout and reference, runs the plugin under
+chroot (``--help``, ``render-slices``, imports, no writes to its root filesystem), the
+busybox shell and the pause command, and rebuilds everything to check that the digests are
+the same. ``--rootfs-only`` (the Dockerfile's path) gives the same tree as the plugin layer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import importlib.machinery
+import importlib.util
+import io
+import json
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+import tarfile
+import time
+import tomllib
+import zipfile
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from tests.support.paths import REPO
+
+ROOT = REPO
+SCRIPT = ROOT / "hack" / "build-image"
+OUT = ROOT / "build" / "images"
+
+
+@cache
+def bi() -> ModuleType:
+    """hack/build-image as a module."""
+    loader = importlib.machinery.SourceFileLoader("build_image", str(SCRIPT))
+    spec = importlib.util.spec_from_loader("build_image", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["build_image"] = module  # dataclasses look their module up
+    loader.exec_module(module)
+    return module
+
+
+def sha256(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def read_oci_archive(path: Path) -> dict[str, Any]:
+    """Check an OCI image layout archive (index -> manifest -> config + layer: every digest
+    and size matches its blob, nothing unreferenced, docker's manifest.json agrees) and return
+    its parts; ``layer`` is the uncompressed layer tar."""
+    with tarfile.open(path) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        files = {n: tar.extractfile(m).read() for n, m in members.items() if m.isfile()}  # type: ignore[union-attr]
+    assert json.loads(files["oci-layout"]) == {"imageLayoutVersion": "1.0.0"}
+
+    def blob(descriptor: dict[str, Any]) -> bytes:
+        data = files["blobs/sha256/" + descriptor["digest"].removeprefix("sha256:")]
+        assert sha256(data) == descriptor["digest"], descriptor
+        assert len(data) == descriptor["size"], descriptor
+        return data
+
+    index = json.loads(files["index.json"])
+    assert index["schemaVersion"] == 2
+    assert index["mediaType"] == "application/vnd.oci.image.index.v1+json"
+    [desc] = index["manifests"]
+    assert desc["mediaType"] == "application/vnd.oci.image.manifest.v1+json"
+    assert desc["platform"] == {"architecture": "amd64", "os": "linux"}
+    manifest = json.loads(blob(desc))
+    assert manifest["schemaVersion"] == 2 and manifest["mediaType"] == desc["mediaType"]
+    assert manifest["config"]["mediaType"] == "application/vnd.oci.image.config.v1+json"
+    config = json.loads(blob(manifest["config"]))
+    [layer_desc] = manifest["layers"]
+    raw = blob(layer_desc)
+    if layer_desc["mediaType"].endswith("+gzip"):
+        layer = gzip.decompress(raw)
+    else:
+        assert layer_desc["mediaType"] == "application/vnd.oci.image.layer.v1.tar"
+        layer = raw
+    assert config["rootfs"] == {"type": "layers", "diff_ids": [sha256(layer)]}
+    assert (config["architecture"], config["os"]) == ("amd64", "linux")
+    used = {desc["digest"], manifest["config"]["digest"], layer_desc["digest"]}
+    blobs = {"sha256:" + n.removeprefix("blobs/sha256/") for n in files if n.startswith("blobs/")}
+    assert blobs == used, "exactly the referenced blobs"
+    ref = desc["annotations"]["io.containerd.image.name"]
+    assert desc["annotations"]["org.opencontainers.image.ref.name"] == ref
+    [docker] = json.loads(files["manifest.json"])
+    assert docker == {
+        "Config": "blobs/sha256/" + manifest["config"]["digest"][7:],
+        "RepoTags": [ref],
+        "Layers": ["blobs/sha256/" + layer_desc["digest"][7:]],
+    }
+    return {"digest": desc["digest"], "ref": ref, "config": config, "layer": layer}
+
+
+def layer_entries(layer: bytes) -> list[tarfile.TarInfo]:
+    with tarfile.open(fileobj=io.BytesIO(layer)) as tar:
+        return tar.getmembers()
+
+
+# --- Unit tier: pins -------------------------------------------------------------------------
+
+
+def test_lock_direct_pins_equal_pyproject() -> None:
+    """requirements-image.txt (the image's closure) pins pyproject.toml's dependencies exactly,
+    each with the hash of one wheel."""
+    lock = bi().parse_lock((ROOT / "requirements-image.txt").read_text())
+    pins = {w.name: w.version for w in lock}
+    assert len(pins) == len(lock) >= 25, "one pin per package, the whole closure"
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        deps = tomllib.load(f)["project"]["dependencies"]
+    for dep in deps:
+        m = re.fullmatch(r"([A-Za-z0-9_.-]+)==(\S+)", dep)
+        assert m, f"pyproject.toml dependency not pinned exactly: {dep}"
+        name = bi().normalize(m.group(1))
+        assert pins.get(name) == m.group(2), f"{name}: image {pins.get(name)} != {m.group(2)}"
+    assert all(re.fullmatch(r"[0-9a-f]{64}", w.sha256) for w in lock)
+
+
+def test_debian_pins() -> None:
+    packages = bi().parse_packages((ROOT / "hack" / "image-packages.txt").read_text())
+    names = {image: {d.name for d in debs} for image, debs in packages.items()}
+    assert {"libc6", "python3.11-minimal", "libpython3.11-stdlib", "ca-certificates"} <= names[
+        "plugin"
+    ]
+    assert "busybox-static" not in names["plugin"], "no shell in the plugin image"
+    assert names["pause"] == names["busybox"] == {"busybox-static"}
+    for debs in packages.values():
+        for d in debs:
+            assert re.fullmatch(r"(\d+:)?[0-9][A-Za-z0-9.+~-]*", d.version), d.pin
+    with pytest.raises(bi().BuildError, match="IMAGE NAME=VERSION"):
+        bi().parse_packages("plugin libc6\n")
+    with pytest.raises(bi().BuildError, match="IMAGE NAME=VERSION"):
+        bi().parse_packages("other libc6=1\n")
+
+
+@pytest.mark.integration  # starts a real process
+def test_default_references() -> None:
+    debs = bi().parse_packages("busybox busybox-static=1:1.35.0-4+deb12u1+b1\n")
+    refs = bi().default_refs(debs)
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        version = tomllib.load(f)["project"]["version"]
+    assert refs == {
+        "plugin": f"localhost/gpu-fraction-dra:{version}",
+        "pause": "localhost/pause:3.10.1",
+        "busybox": "localhost/busybox:1.35.0",
+    }
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--print-ref", "plugin", "--plugin-ref", "r.example/x:1"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout == "r.example/x:1\n"
+
+
+def dockerfile_config() -> dict[str, Any]:
+    """ENTRYPOINT, CMD, ENV, LABEL, USER and WORKDIR of the Dockerfile's final stage."""
+    text = (ROOT / "Dockerfile").read_text().split("FROM scratch", 1)[1]
+    text = re.sub(r"#.*\n", "", text).replace("\\\n", " ")
+    config: dict[str, Any] = {"Env": [], "Labels": {}}
+    for line in text.splitlines():
+        word, _, rest = line.strip().partition(" ")
+        if word in ("ENTRYPOINT", "CMD"):
+            config[word.title()] = json.loads(rest)
+        elif word == "USER":
+            config["User"] = rest
+        elif word == "WORKDIR":
+            config["WorkingDir"] = rest
+        elif word in ("ENV", "LABEL"):
+            for key, value in re.findall(r'(\S+?)=("[^"]*"|\S+)', rest):
+                value = value.strip('"')
+                if word == "ENV":
+                    config["Env"].append(f"{key}={value}")
+                else:
+                    config["Labels"][key] = value
+    return config
+
+
+def test_dockerfile_has_the_image_configuration() -> None:
+    """``docker build`` and ``make image`` give the same configuration."""
+    assert dockerfile_config() == bi().image_config("plugin", "any/name:tag")
+
+
+# --- Unit tier: layers and archives ----------------------------------------------------------
+
+
+def tiny_tree(root: Path, mtime: int) -> None:
+    (root / "usr/bin").mkdir(parents=True)
+    (root / "tmp").mkdir()
+    (root / "tmp").chmod(0o1777)
+    tool = root / "usr/bin/tool"
+    tool.write_text("#!/bin/false\n")
+    tool.chmod(0o700)
+    data = root / "usr/data"
+    data.write_bytes(b"\0" * 3000)
+    data.chmod(0o600)
+    os.link(data, root / "usr/data-link")
+    (root / "bin").symlink_to("usr/bin")
+    for p in [*root.rglob("*"), root]:
+        os.utime(p, (mtime, mtime), follow_symlinks=False)
+
+
+def test_layer_is_sorted_normalized_and_reproducible(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    tiny_tree(a, 1_000_000)
+    tiny_tree(b, 2_000_000)  # other times on disk, other inodes
+    layers = []
+    for root in (a, b):
+        out = io.BytesIO()
+        bi().write_layer(root, out, 86400)
+        layers.append(out.getvalue())
+    assert layers[0] == layers[1]
+    entries = layer_entries(layers[0])
+    assert [e.name for e in entries] == [
+        "bin",
+        "tmp",
+        "usr",
+        "usr/bin",
+        "usr/bin/tool",
+        "usr/data",
+        "usr/data-link",
+    ]
+    by_name = {e.name: e for e in entries}
+    assert all((e.uid, e.gid, e.mtime) == (0, 0, 86400) for e in entries)
+    assert by_name["tmp"].mode == 0o1777 and by_name["usr"].mode == 0o755
+    assert by_name["usr/bin/tool"].mode == 0o755 and by_name["usr/data"].mode == 0o644
+    assert by_name["bin"].issym() and by_name["bin"].linkname == "usr/bin"
+    assert by_name["usr/data-link"].islnk() and by_name["usr/data-link"].linkname == "usr/data"
+
+
+@pytest.mark.parametrize("compress", [True, False])
+def test_archive_layout_and_digests(tmp_path: Path, compress: bool) -> None:
+    tree = tmp_path / "tree"
+    tiny_tree(tree, 5)
+    config = bi().image_config("busybox", "localhost/busybox:1.0")
+    digests = []
+    for n in (1, 2):
+        out = tmp_path / f"{n}.oci.tar"
+        built = bi().write_archive(tree, config, "localhost/busybox:1.0", out, 0, compress)
+        image = read_oci_archive(out)
+        assert (built.digest, built.size) == (image["digest"], out.stat().st_size)
+        assert built.layer_size == len(image["layer"])
+        assert image["ref"] == "localhost/busybox:1.0"
+        assert image["config"]["config"] == config
+        assert image["config"]["created"] == "1970-01-01T00:00:00Z"
+        digests.append(image["digest"])
+        with tarfile.open(out) as tar:
+            assert all((m.uid, m.gid, m.mtime) == (0, 0, 0) for m in tar.getmembers())
+    assert digests[0] == digests[1]
+    assert (tmp_path / "1.oci.tar").read_bytes() == (tmp_path / "2.oci.tar").read_bytes()
+
+
+def test_normalize_tree_matches_the_layer(tmp_path: Path) -> None:
+    """--rootfs-only trees (the Dockerfile's) get the modes and times the layer records."""
+    tree = tmp_path / "tree"
+    tiny_tree(tree, 12345)
+    out = io.BytesIO()
+    bi().write_layer(tree, out, 7)
+    bi().normalize_tree(tree, 7)
+    for e in layer_entries(out.getvalue()):
+        st = (tree / e.name).lstat()
+        assert int(st.st_mtime) == 7, e.name
+        if not e.issym():
+            assert stat.S_IMODE(st.st_mode) == e.mode, e.name
+
+
+def test_merge_usr_and_resolve_in(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "lib/x86_64-linux-gnu").mkdir(parents=True)
+    (root / "lib/x86_64-linux-gnu/libc.so.6").write_text("")
+    (root / "lib64").mkdir()
+    (root / "lib64/ld.so").symlink_to("/lib/x86_64-linux-gnu/libc.so.6")
+    (root / "usr/lib/x86_64-linux-gnu").mkdir(parents=True)
+    (root / "usr/lib/x86_64-linux-gnu/libz.so.1").write_text("")
+    bi().merge_usr(root)
+    for top in ("bin", "sbin", "lib", "lib64"):
+        assert os.readlink(root / top) == f"usr/{top}"
+    assert (root / "usr/lib/x86_64-linux-gnu/libc.so.6").is_file()
+    resolve = bi().resolve_in
+    assert resolve(root, "/lib64/ld.so") == root / "usr/lib/x86_64-linux-gnu/libc.so.6"
+    assert resolve(root, "lib/x86_64-linux-gnu/libz.so.1") is not None
+    assert resolve(root, "/lib/x86_64-linux-gnu/libmissing.so") is None
+    (root / "loop").symlink_to("loop")
+    assert resolve(root, "loop") is None
+
+
+def test_closure_check_finds_missing_libraries(tmp_path: Path) -> None:
+    """A dynamically linked host binary alone in a tree lacks its loader and libc."""
+    binary = Path("/bin/true").resolve()
+    deps = bi().elf_deps(binary.read_bytes())
+    assert deps is not None
+    interp, needed, _ = deps
+    if interp is None:
+        pytest.skip("/bin/true is static here")
+    assert "libc.so.6" in needed
+    root = tmp_path / "root"
+    (root / "usr/bin").mkdir(parents=True)
+    (root / "usr/bin/true").write_bytes(binary.read_bytes())
+    with pytest.raises(bi().BuildError) as err:
+        bi().check_closure(root)
+    assert "/usr/bin/true: libc.so.6" in str(err.value)
+    assert f"/usr/bin/true: interpreter {interp}" in str(err.value)
+    assert bi().elf_deps(b"#!/bin/sh\n") is None
+
+
+def test_wheel_unpacking(tmp_path: Path) -> None:
+    whl = tmp_path / "demo-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        z.writestr("demo/__init__.py", "X = 1\n")
+        z.writestr("demo-1.0.data/purelib/demo_extra.py", "Y = 2\n")
+        z.writestr("demo-1.0.dist-info/METADATA", "Name: demo\n")
+    site = tmp_path / "site"
+    bi().unpack_wheel(whl, site)
+    assert (site / "demo/__init__.py").read_text() == "X = 1\n"
+    assert (site / "demo_extra.py").is_file()
+    assert (site / "demo-1.0.dist-info/INSTALLER").read_text() == "hack/build-image\n"
+    bad = tmp_path / "bad-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(bad, "w") as z:
+        z.writestr("../escape.py", "")
+    with pytest.raises(bi().BuildError, match="unsafe"):
+        bi().unpack_wheel(bad, site)
+
+
+# --- e2e tier: the real images ---------------------------------------------------------------
+
+DIGEST_LINE = re.compile(r"^(\w+): (?:built|up to date): (\S+) (sha256:[0-9a-f]{64}) ", re.M)
+
+
+def build_images(*args: str) -> dict[str, tuple[str, str]]:
+    """Run hack/build-image; {image: (ref, digest)} from its output."""
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=1200
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {m[0]: (m[1], m[2]) for m in DIGEST_LINE.findall(proc.stdout)}
+
+
+@pytest.fixture(scope="module")
+def images() -> dict[str, tuple[str, str]]:
+    built = build_images()
+    assert set(built) == {"plugin", "pause", "busybox"}
+    return built
+
+
+def need_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("chroot needs root")
+
+
+def unpack(image: str, dest: Path) -> dict[str, Any]:
+    """Check build/images/IMAGE.oci.tar and unpack its layer into dest."""
+    oci = read_oci_archive(OUT / f"{image}.oci.tar")
+    with tarfile.open(fileobj=io.BytesIO(oci["layer"])) as tar:
+        tar.extractall(dest, filter="fully_trusted")
+    return oci
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    return {
+        str(p.relative_to(root)): (p.lstat().st_mtime_ns, p.lstat().st_size)
+        for p in root.rglob("*")
+    }
+
+
+def image_env(oci: dict[str, Any]) -> dict[str, str]:
+    return dict(e.split("=", 1) for e in oci["config"]["config"]["Env"])
+
+
+@pytest.mark.e2e
+def test_archives_are_valid_oci_images(images: dict[str, tuple[str, str]]) -> None:
+    for image, (ref, digest) in images.items():
+        oci = read_oci_archive(OUT / f"{image}.oci.tar")
+        assert (oci["ref"], oci["digest"]) == (ref, digest)
+        names = [e.name for e in layer_entries(oci["layer"])]
+        assert names == sorted(names, key=lambda n: n.split("/")), "sorted, parents first"
+        assert all(e.uid == e.gid == 0 for e in layer_entries(oci["layer"]))
+    assert (
+        images["plugin"][0]
+        == bi().default_refs(bi().parse_packages((ROOT / "hack/image-packages.txt").read_text()))[
+            "plugin"
+        ]
+    )
+
+
+@pytest.mark.e2e
+def test_plugin_runs_under_chroot_without_writing(
+    images: dict[str, tuple[str, str]], tmp_path: Path
+) -> None:
+    need_root()
+    root = tmp_path / "plugin"
+    oci = unpack("plugin", root)
+    config = oci["config"]["config"]
+    assert config["Entrypoint"] == ["dra-driver"] and config["User"] == "0:0"
+    assert bi().resolve_in(root, "bin/sh") is None, "the plugin needs no shell"
+    before = snapshot(root)
+    env = image_env(oci)
+    # Byte code is precompiled: even allowed to write it, python writes nothing.
+    env.pop("PYTHONDONTWRITEBYTECODE")
+
+    def chroot(*argv: str) -> str:
+        proc = subprocess.run(
+            ["chroot", str(root), *argv], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout
+
+    assert "usage: dra-driver" in chroot("/usr/local/bin/dra-driver", "--help")
+    slices = json.loads(
+        chroot(
+            "/usr/local/bin/dra-driver",
+            "render-slices",
+            "--node",
+            "n1",
+            "--gpus",
+            "simulated:H200x2",
+        )
+    )
+    assert slices and slices[0]["kind"] == "ResourceSlice"
+    chroot(
+        "/usr/bin/python3",
+        "-c",
+        "import grpc, kubernetes, structlog, prometheus_client, pynvml, yaml, ssl, ctypes\n"
+        "import kubernetes.client, zoneinfo\n"
+        "assert ssl.create_default_context().cert_store_stats()['x509_ca'] > 50\n"
+        "zoneinfo.ZoneInfo('Europe/Berlin')\n",
+    )
+    assert snapshot(root) == before, "the plugin wrote to its root filesystem"
+
+
+@pytest.mark.e2e
+def test_busybox_shell(images: dict[str, tuple[str, str]], tmp_path: Path) -> None:
+    need_root()
+    root = tmp_path / "busybox"
+    oci = unpack("busybox", root)
+    assert oci["config"]["config"]["Cmd"] == ["sh"]
+    applets = ["sh", "ls", "cat", "env", "sleep", "grep", "mount", "wget", "nslookup"]
+    proc = subprocess.run(
+        ["chroot", str(root), "/bin/sh", "-c", "ls /dev; env; which " + " ".join(applets)],
+        env=image_env(oci),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "PATH=/usr/local/sbin:" in proc.stdout
+    found = proc.stdout.split()
+    assert all(any(f.endswith(f"bin/{a}") for f in found) for a in applets), proc.stdout
+
+
+@pytest.mark.e2e
+def test_pause_exits_promptly_on_sigterm(
+    images: dict[str, tuple[str, str]], tmp_path: Path
+) -> None:
+    need_root()
+    root = tmp_path / "pause"
+    oci = unpack("pause", root)
+    subprocess.run(["mknod", "-m", "666", str(root / "dev/null"), "c", "1", "3"], check=True)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        proc = subprocess.Popen(
+            ["chroot", str(root), *oci["config"]["config"]["Entrypoint"]],
+            env=image_env(oci),
+            start_new_session=True,
+        )
+        try:
+            time.sleep(1)
+            assert proc.poll() is None, "pause exited by itself"
+            t0 = time.monotonic()
+            proc.send_signal(sig)
+            assert proc.wait(timeout=5) == 0
+            assert time.monotonic() - t0 < 1.0
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # its background sleep, if left
+            proc.wait()
+
+
+@pytest.mark.e2e
+def test_rebuild_gives_the_same_digests(images: dict[str, tuple[str, str]], tmp_path: Path) -> None:
+    again = build_images("--force", "--out", str(tmp_path))
+    assert again == images
+
+
+@pytest.mark.e2e
+def test_rootfs_only_is_the_plugin_layer(
+    images: dict[str, tuple[str, str]], tmp_path: Path
+) -> None:
+    """What the Dockerfile copies into its image: the same files as the plugin layer."""
+    target = tmp_path / "rootfs"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--rootfs-only", str(target)],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert proc.returncode == 0, proc.stderr
+    oci = read_oci_archive(OUT / "plugin.oci.tar")
+    with tarfile.open(fileobj=io.BytesIO(oci["layer"])) as tar:
+        layer = {}
+        for e in tar:
+            f = tar.extractfile(e) if e.isfile() else None
+            digest = hashlib.sha256(f.read()).digest() if f else b""
+            layer[e.name] = (e.type, e.mode, e.mtime, e.linkname, digest)
+    tree = {}
+    for p in sorted(target.rglob("*")):
+        st = p.lstat()
+        rel, mtime = str(p.relative_to(target)), int(st.st_mtime)
+        if stat.S_ISLNK(st.st_mode):
+            tree[rel] = (tarfile.SYMTYPE, 0o777, mtime, os.readlink(p), b"")
+        elif stat.S_ISDIR(st.st_mode):
+            tree[rel] = (tarfile.DIRTYPE, stat.S_IMODE(st.st_mode), mtime, "", b"")
+        else:
+            digest = hashlib.sha256(p.read_bytes()).digest()
+            tree[rel] = (tarfile.REGTYPE, stat.S_IMODE(st.st_mode), mtime, "", digest)
+    assert tree == layer

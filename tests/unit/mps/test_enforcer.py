@@ -1,0 +1,498 @@
+"""The MPS v3 enforcer against the fake control program and fake NVML (no GPU needed)."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from dra_driver import cdi
+from dra_driver.cdi import Hook, Mount
+from dra_driver.mps import MpsError, MpsOptions
+from dra_driver.mps.enforcer import MpsEnforcer, target_edits, targets_for_claim
+from tests.support.cdischema import validator
+from tests.support.fakes.plans import GIB, Node, device, plan
+
+UID_A = "0a000000-0000-4000-8000-00000000000a"
+UID_B = "0b000000-0000-4000-8000-00000000000b"
+UID_C = "0c000000-0000-4000-8000-00000000000c"
+CSV = "--format=csv,noheader"
+
+
+def ns(uid: str) -> str:
+    return "c_" + uid.replace("-", "_")
+
+
+def namespaces(
+    node: Node, mode: str, server: str = "gpu_0"
+) -> dict[str, tuple[int | None, int | None]]:
+    d = node.mps.daemon(node.pipe(mode))
+    return {n.name: (n.pinned, n.threads) for n in d.servers[server].namespaces.values()}
+
+
+# --- hard tier ----------------------------------------------------------------------------
+
+
+def test_hard_time_slicing_commands_and_edits(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    g = node.gpus[0]
+    edits = node.enforcer.apply(plan(device(g, 20 * GIB, 30 * GIB), uid=UID_A))
+    pipe = node.pipe("time-slicing")
+    config = tmp_path / "run/mps/time-slicing/mps.toml"
+    assert node.mps.commands() == [
+        f"server list {CSV}",
+        f"-p 3 -m -d -a {config}",
+        f"server list {CSV}",
+        f"server list {CSV}",
+        f"server create gpu_0 --uid=0 --allowed-devices={g.uuid}",
+        f"server list {CSV}",
+        f"namespace list --server=gpu_0 {CSV}",
+        f"namespace create {ns(UID_A)} --server=gpu_0",
+        f"namespace set {ns(UID_A)} --server=gpu_0 --pinned-memory-limit=30720M "
+        "--active-thread-percentage=100",
+        f"namespace list {ns(UID_A)} --server=gpu_0 {CSV}",
+    ]
+    assert all(
+        e["CUDA_MPS_PIPE_DIRECTORY"] == str(pipe) and e["CUDA_MPS_PROTOCOL_VERSION"] == "3"
+        for e in node.mps.envs
+    )
+    e = edits["gpu-0-quarter-0"]
+    assert e.env == (
+        "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
+        "GPU_FRACTION_COMPUTE_MODE=time-slicing",
+        "GPU_FRACTION_MEMORY_ENFORCEMENT=hard",
+        "NVIDIA_GPU_MEMORY_REQUEST=20480",
+        "NVIDIA_GPU_MEMORY_LIMIT=30720",
+    )
+    assert e.mounts == (Mount(str(pipe / "gpu_0" / ns(UID_A)), "/tmp/nvidia-mps"),)
+    assert e.hooks[0] == Hook(
+        "createRuntime",
+        "/usr/bin/nvidia-cdi-hook",
+        ("nvidia-cdi-hook", "apply-cuda-memory-limits", "--driver-root", "/", "--gpu-id", g.uuid),
+    )
+    record = e.hooks[1]
+    assert (record.hook_name, record.path) == ("createRuntime", "/bin/sh")
+    assert record.args[-1] == str(tmp_path / "run/cgroups" / UID_A)
+    assert (pipe / "gpu_0" / ns(UID_A)).is_dir()
+    assert node.nvml.gpus[g.uuid].compute_mode == "EXCLUSIVE_PROCESS"
+    assert namespaces(node, "time-slicing") == {ns(UID_A): (30 * GIB, 100)}
+    features = tomllib.loads(config.read_text())["features"]
+    assert features["context-share"] == {"enabled": False}
+    assert features["memacct"] == {"enabled": True}
+
+
+def test_hard_sm_sharing_uses_its_own_daemon_and_claim_threads(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    g = node.gpus[1]
+    edits = node.enforcer.apply(plan(device(g, 8 * GIB, mode="sm-sharing", threads=30), uid=UID_A))
+    config = tomllib.loads((tmp_path / "run/mps/sm-sharing/mps.toml").read_text())
+    assert config["features"]["context-share"] == {"enabled": True, "default_socket": "off"}
+    assert namespaces(node, "sm-sharing", "gpu_1") == {ns(UID_A): (8 * GIB, 30)}
+    assert not node.pipe("time-slicing").exists()
+    env = edits["gpu-1-quarter-0"].env
+    assert "GPU_FRACTION_COMPUTE_MODE=sm-sharing" in env
+    assert "NVIDIA_GPU_MEMORY_REQUEST=8192" in env and "NVIDIA_GPU_MEMORY_LIMIT=8192" in env
+
+
+def test_sm_sharing_default_threads_from_options(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    node.options = MpsOptions(**{**node.options.__dict__, "default_active_thread_percentage": 40})
+    enforcer = node.new_enforcer()
+    enforcer.apply(plan(device(node.gpus[0], 4 * GIB, mode="sm-sharing"), uid=UID_A))
+    enforcer.apply(plan(device(node.gpus[0], 4 * GIB, mode="sm-sharing", threads=70), uid=UID_B))
+    assert namespaces(node, "sm-sharing") == {ns(UID_A): (4 * GIB, 40), ns(UID_B): (4 * GIB, 70)}
+
+
+def test_cdi_spec_with_hooks_is_valid(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    edits = node.enforcer.apply(plan(device(node.gpus[0], GIB, 2 * GIB), uid=UID_A))
+    spec = cdi.build_spec(
+        "gpu-fraction.dra.dev",
+        [cdi.CdiDevice(f"claim-{UID_A}-gpu-0-quarter-0", edits["gpu-0-quarter-0"])],
+    )
+    validator().validate(spec)
+    hooks = spec["devices"][0]["containerEdits"]["hooks"]
+    assert [h["hookName"] for h in hooks] == ["createRuntime", "createRuntime"]
+
+
+# --- cooperative and none -----------------------------------------------------------------
+
+
+def test_cooperative_has_namespace_limit_but_no_hook(tmp_path: Path) -> None:
+    node = Node(tmp_path, tiers={0: "cooperative"})
+    with capture_logs() as logs:
+        edits = node.enforcer.apply(plan(device(node.gpus[0], 6 * GIB, 12 * GIB), uid=UID_A))
+    e = edits["gpu-0-quarter-0"]
+    assert e.hooks == ()
+    assert not any(v.startswith("NVIDIA_GPU_MEMORY_") for v in e.env)
+    assert "GPU_FRACTION_MEMORY_ENFORCEMENT=cooperative" in e.env
+    assert e.mounts[0].container_path == "/tmp/nvidia-mps"
+    assert namespaces(node, "time-slicing") == {ns(UID_A): (12 * GIB, 100)}
+    coop = [entry for entry in logs if "cooperatively" in entry["event"]]
+    assert coop and coop[0]["claim_uid"] == UID_A and coop[0]["gpu"] == node.gpus[0].uuid
+
+
+def test_none_tier_runs_no_mps_and_says_not_capped(tmp_path: Path) -> None:
+    node = Node(tmp_path, tiers={0: "none"})
+    with capture_logs() as logs:
+        edits = node.enforcer.apply(plan(device(node.gpus[0], 6 * GIB), uid=UID_A))
+    assert node.mps.calls == []
+    assert edits["gpu-0-quarter-0"].env == (
+        "GPU_FRACTION_COMPUTE_MODE=time-slicing",
+        "GPU_FRACTION_MEMORY_ENFORCEMENT=none",
+    )
+    assert edits["gpu-0-quarter-0"].mounts == ()
+    assert any("NOT capped" in entry["event"] for entry in logs)
+    assert node.nvml.gpus[node.gpus[0].uuid].compute_mode == "DEFAULT"
+    with pytest.raises(MpsError, match="sm-sharing needs MPS"):
+        node.enforcer.apply(plan(device(node.gpus[0], GIB, mode="sm-sharing"), uid=UID_B))
+    node.enforcer.release(UID_A)
+
+
+# --- several claims, idempotence, release -------------------------------------------------
+
+
+def test_second_claim_reuses_server_and_apply_is_idempotent(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    g = node.gpus[0]
+    a = plan(device(g, 10 * GIB, 20 * GIB), uid=UID_A)
+    first = node.enforcer.apply(a)
+    node.enforcer.apply(plan(device(g, 5 * GIB), uid=UID_B))
+    again = node.enforcer.apply(a)
+    assert again == first
+    creates = [c for c in node.mps.commands() if c.startswith("server create")]
+    assert len(creates) == 1
+    assert namespaces(node, "time-slicing") == {
+        ns(UID_A): (20 * GIB, 100),
+        ns(UID_B): (5 * GIB, 100),
+    }
+    assert sum(c.startswith(f"namespace create {ns(UID_A)}") for c in node.mps.commands()) == 1
+
+
+def test_release_terminates_clients_then_deletes_and_cleans_up(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    g = node.gpus[0]
+    node.enforcer.apply(plan(device(g, 10 * GIB), uid=UID_A))
+    node.enforcer.apply(plan(device(g, 10 * GIB), uid=UID_B))
+    pipe = node.pipe("time-slicing")
+    pid_a = node.mps.add_client(pipe, "gpu_0", ns(UID_A))
+    pid_b = node.mps.add_client(pipe, "gpu_0", ns(UID_B))
+    records = tmp_path / "run/cgroups" / UID_A
+    records.mkdir(parents=True)
+    (records / "ctr1").write_text("/gone/leaf\n")
+    before = len(node.mps.calls)
+    node.enforcer.release(UID_A)
+    cmds = node.mps.commands()[before:]
+    term = cmds.index(f"client terminate {pid_a}")
+    delete = cmds.index(f"namespace delete {ns(UID_A)} --server=gpu_0 --force")
+    assert term < delete
+    assert f"client terminate {pid_b}" not in cmds
+    assert not records.exists()
+    assert namespaces(node, "time-slicing") == {ns(UID_B): (10 * GIB, 100)}
+    assert not any(c.startswith("server delete") for c in cmds)
+
+    node.mps.daemon(pipe).clients.clear()
+    node.enforcer.release(UID_B)
+    cmds = node.mps.commands()
+    assert cmds[-2:] == [f"server list {CSV}", "-q"]
+    assert "server delete gpu_0" in cmds
+    assert node.mps.daemons == {}
+    assert node.nvml.gpus[g.uuid].compute_mode == "DEFAULT"
+    assert not pipe.exists()
+    assert list((tmp_path / "run").rglob("c_*")) == []
+    assert list((tmp_path / "run/mps/compute-mode").iterdir()) == []
+    assert not (tmp_path / "run/cgroups" / UID_B).exists()
+    # idempotent: releasing again (or an unknown claim) is fine and starts nothing
+    node.enforcer.release(UID_B)
+    node.enforcer.release(UID_C)
+    assert node.mps.daemons == {}
+
+
+def test_release_of_unknown_claim_removes_its_namespace(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    g = node.gpus[0]
+    node.enforcer.apply(plan(device(g, GIB), uid=UID_A))
+    node.enforcer.apply(plan(device(g, GIB), uid=UID_B))
+    fresh = node.new_enforcer()  # plugin restarted without restore
+    fresh.release(UID_B)
+    assert namespaces(node, "time-slicing") == {ns(UID_A): (GIB, 100)}
+
+
+def test_release_failure_keeps_claim_for_retry(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    node.enforcer.apply(plan(device(node.gpus[0], GIB), uid=UID_A))
+    node.mps.fail("namespace", "delete", stderr="busy")
+    with pytest.raises(MpsError, match="busy"):
+        node.enforcer.release(UID_A)
+    assert ns(UID_A) in namespaces(node, "time-slicing")
+    node.enforcer.release(UID_A)
+    assert node.mps.daemons == {}
+
+
+# --- failures and rollback ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("later", [0, 2])
+def test_vanished_server_fails_the_claim_and_leaves_nothing(tmp_path: Path, later: int) -> None:
+    node = Node(tmp_path, mps_visible=[1], vanish_after_lists=later)
+    g = node.gpus[0]
+    with pytest.raises(MpsError, match="gpu_0 .* vanished after create"):
+        node.enforcer.apply(plan(device(g, GIB), uid=UID_A))
+    assert node.mps.daemons == {}
+    assert node.nvml.gpus[g.uuid].compute_mode == "DEFAULT"
+    assert not node.pipe("time-slicing").exists()
+    assert node.enforcer.targets() == []
+
+
+def test_unknown_gpu_is_refused_before_create(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    g = node.gpus[0]
+    del node.nvml.gpus[g.uuid]
+    with pytest.raises(MpsError, match="not present"):
+        node.enforcer.apply(plan(device(g, GIB), uid=UID_A))
+    assert not any(c.startswith("server create") for c in node.mps.commands())
+
+
+def test_failed_namespace_set_rolls_back_everything(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    g = node.gpus[0]
+    node.mps.fail("namespace", "set", stderr="invalid value")
+    with pytest.raises(MpsError, match="invalid value"):
+        node.enforcer.apply(plan(device(g, GIB), uid=UID_A))
+    assert node.mps.daemons == {}
+    assert node.nvml.gpus[g.uuid].compute_mode == "DEFAULT"
+    assert list((tmp_path / "run").rglob("c_*")) == []
+
+
+def test_failed_reapply_removes_previous_state_of_the_claim(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    g = node.gpus[0]
+    node.enforcer.apply(plan(device(g, GIB), uid=UID_B))
+    node.enforcer.apply(plan(device(g, GIB), uid=UID_A))
+    node.mps.fail("namespace", "set")
+    with pytest.raises(MpsError):
+        node.enforcer.apply(plan(device(g, 2 * GIB), uid=UID_A))
+    assert namespaces(node, "time-slicing") == {ns(UID_B): (GIB, 100)}
+    assert {t.claim.uid for t in node.enforcer.targets()} == {UID_B}
+
+
+def test_compute_mode_permission_error_fails_claim(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    node.nvml.fail_set_compute_mode = True
+    with pytest.raises(MpsError, match="Insufficient Permissions"):
+        node.enforcer.apply(plan(device(node.gpus[0], GIB), uid=UID_A))
+    assert node.mps.daemons == {}
+
+
+def test_namespace_readback_mismatch_is_detected(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+
+    class Lying:
+        def __init__(self, inner: object) -> None:
+            self.inner = inner
+
+        def run(self, argv, env=None, input=None, timeout=None):  # type: ignore[no-untyped-def]
+            done = self.inner.run(argv, env, input, timeout)  # type: ignore[attr-defined]
+            if "namespace" in argv and "list" in argv and argv[3].startswith("c_"):
+                return type(done)(done.rc, done.stdout.replace(",1G,", ",unlimited,"), done.stderr)
+            return done
+
+    enforcer = MpsEnforcer(
+        node.tiers, node.nvml, Lying(node.mps), node.options, sleep=lambda s: None
+    )
+    with pytest.raises(MpsError, match="reports pinned memory limit 'unlimited'"):
+        enforcer.apply(plan(device(node.gpus[0], GIB), uid=UID_A))
+    assert node.mps.daemons == {}
+
+
+def test_v2_only_binary_cannot_serve_claims(tmp_path: Path) -> None:
+    node = Node(tmp_path, v2_only=True)
+    with pytest.raises(MpsError, match="Unsupported protocol version 3"):
+        node.enforcer.apply(plan(device(node.gpus[0], GIB), uid=UID_A))
+    assert node.mps.daemons == {}
+    assert node.nvml.gpus[node.gpus[0].uuid].compute_mode == "DEFAULT"
+
+
+# --- modes and parameters -----------------------------------------------------------------
+
+
+def test_mode_conflict_on_one_gpu(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    g = node.gpus[0]
+    node.enforcer.apply(plan(device(g, GIB), uid=UID_A))
+    with pytest.raises(MpsError, match="serves time-slicing claims"):
+        node.enforcer.apply(plan(device(g, GIB, mode="sm-sharing"), uid=UID_B))
+    # the other GPU may run the other mode at the same time
+    node.enforcer.apply(plan(device(node.gpus[1], GIB, mode="sm-sharing"), uid=UID_C))
+    node.enforcer.release(UID_A)
+    node.enforcer.apply(plan(device(g, GIB, mode="sm-sharing"), uid=UID_B))
+    assert node.mps.daemon(node.pipe("sm-sharing")).servers.keys() == {"gpu_0", "gpu_1"}
+    assert str(node.pipe("time-slicing")) not in node.mps.daemons
+
+
+@pytest.mark.parametrize(
+    ("devices", "message"),
+    [
+        (lambda g, h: [device(g, GIB, threads=50)], "only sm-sharing GPUs"),
+        (lambda g, h: [device(g, GIB, mode="sm-sharing", threads=0)], "not in 1..100"),
+        (lambda g, h: [device(g, GIB, mode="sm-sharing", threads=101)], "not in 1..100"),
+        (lambda g, h: [device(g, 2 * GIB, GIB)], "above its limit"),
+        (lambda g, h: [device(g, 1000, 1000)], "below 1 MiB"),
+        (
+            lambda g, h: [device(g, GIB), device(h, 2 * GIB, name="gpu-1-quarter-0")],
+            "different memory limits",
+        ),
+        (
+            lambda g, h: [
+                device(g, GIB),
+                device(g, GIB, mode="sm-sharing", name="gpu-0-quarter-1"),
+            ],
+            "different compute modes",
+        ),
+    ],
+)
+def test_parameter_errors_run_nothing(tmp_path: Path, devices, message: str) -> None:  # type: ignore[no-untyped-def]
+    node = Node(tmp_path)
+    with pytest.raises(MpsError, match=message):
+        node.enforcer.apply(plan(*devices(node.gpus[0], node.gpus[1]), uid=UID_A))
+    assert node.mps.calls == []
+    assert node.nvml.calls == []
+
+
+def test_devices_of_one_claim_on_one_gpu_share_its_namespace(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    g = node.gpus[0]
+    p = plan(
+        device(g, 10 * GIB, 20 * GIB, mode="sm-sharing", threads=30, name="gpu-0-quarter-0"),
+        device(g, 5 * GIB, 5 * GIB, mode="sm-sharing", threads=40, name="gpu-0-quarter-1"),
+        uid=UID_A,
+    )
+    edits = node.enforcer.apply(p)
+    assert namespaces(node, "sm-sharing") == {ns(UID_A): (25 * GIB, 70)}
+    assert edits["gpu-0-quarter-0"] == edits["gpu-0-quarter-1"]
+    assert "NVIDIA_GPU_MEMORY_REQUEST=15360" in edits["gpu-0-quarter-0"].env
+    assert "NVIDIA_GPU_MEMORY_LIMIT=25600" in edits["gpu-0-quarter-0"].env
+
+
+def test_multi_gpu_claim_without_mps_is_allowed(tmp_path: Path) -> None:
+    node = Node(tmp_path, tiers={0: "none", 1: "none"})
+    p = plan(
+        device(node.gpus[0], GIB), device(node.gpus[1], GIB, name="gpu-1-quarter-0"), uid=UID_A
+    )
+    edits = node.enforcer.apply(p)
+    assert set(edits) == {"gpu-0-quarter-0", "gpu-1-quarter-0"}
+
+
+def test_plan_targets_and_edits_are_pure() -> None:
+    from tests.support.fakes.plans import gpu
+
+    g = gpu(3)
+    p = plan(device(g, 3 * GIB + 123, 7 * GIB + 456, name="gpu-3-half-0"), uid=UID_A)
+    (t,) = targets_for_claim(p, {g.uuid: "hard"})
+    assert (t.server, t.namespace, t.threads) == ("gpu_3", ns(UID_A), 100)
+    e = target_edits(
+        t, "/x/pipe/gpu_3/ns", MpsOptions(driver_root="/run/nvidia/driver", record_cgroups=False)
+    )
+    assert "NVIDIA_GPU_MEMORY_REQUEST=3072" in e.env and "NVIDIA_GPU_MEMORY_LIMIT=7168" in e.env
+    assert len(e.hooks) == 1 and e.hooks[0].args[3] == "/run/nvidia/driver"
+
+
+# --- supervision, crash recovery, restore -------------------------------------------------
+
+
+def test_daemon_crash_is_repaired_by_health_check(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    g0, g1 = node.gpus
+    node.enforcer.apply(plan(device(g0, 10 * GIB, 16 * GIB), uid=UID_A))
+    node.enforcer.apply(plan(device(g0, 4 * GIB), uid=UID_B))
+    node.enforcer.apply(plan(device(g1, 2 * GIB), uid=UID_C))
+    pipe = node.pipe("time-slicing")
+    assert {h.healthy for h in node.enforcer.check_health().values()} == {True}
+    node.mps.crash(pipe)
+    with capture_logs() as logs:
+        health = node.enforcer.check_health()
+    assert node.enforcer.daemon_restarts == 1
+    assert {u: h.healthy for u, h in health.items()} == {g0.uuid: True, g1.uuid: True}
+    assert namespaces(node, "time-slicing", "gpu_0") == {
+        ns(UID_A): (16 * GIB, 100),
+        ns(UID_B): (4 * GIB, 100),
+    }
+    assert namespaces(node, "time-slicing", "gpu_1") == {ns(UID_C): (2 * GIB, 100)}
+    assert sum(c.startswith("-p 3 -m -d") for c in node.mps.commands()) == 2
+    assert any(entry["event"].startswith("MPS control daemon not answering") for entry in logs)
+
+
+def test_vanished_server_and_namespace_are_recreated(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    g = node.gpus[0]
+    node.enforcer.apply(plan(device(g, 3 * GIB), uid=UID_A))
+    d = node.mps.daemon(node.pipe("time-slicing"))
+    d.servers.pop("gpu_0")
+    node.enforcer.check_health()
+    assert namespaces(node, "time-slicing") == {ns(UID_A): (3 * GIB, 100)}
+    d.servers["gpu_0"].namespaces.clear()
+    node.enforcer.check_health()
+    assert namespaces(node, "time-slicing") == {ns(UID_A): (3 * GIB, 100)}
+    assert node.enforcer.daemon_restarts == 0
+
+
+def test_unrepairable_server_reports_unhealthy(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    g = node.gpus[0]
+    node.enforcer.apply(plan(device(g, GIB), uid=UID_A))
+    node.mps.visible_gpus.clear()  # e.g. the GPU fell off the bus
+    node.mps.daemon(node.pipe("time-slicing")).servers.pop("gpu_0")
+    health = node.enforcer.check_health()
+    assert health[g.uuid].healthy is False and "vanished" in health[g.uuid].detail
+
+
+def test_restore_after_plugin_restart(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    g0, g1 = node.gpus
+    a = plan(device(g0, 6 * GIB, 9 * GIB), uid=UID_A)
+    b = plan(device(g1, 2 * GIB, mode="sm-sharing", threads=25), uid=UID_B)
+    node.enforcer.apply(a)
+    node.enforcer.apply(b)
+    node.mps.crash(node.pipe("time-slicing"))
+    node.mps.crash(node.pipe("sm-sharing"))
+    fresh = node.new_enforcer()
+    fresh.restore([a, b])
+    assert namespaces(node, "time-slicing", "gpu_0") == {ns(UID_A): (9 * GIB, 100)}
+    assert namespaces(node, "sm-sharing", "gpu_1") == {ns(UID_B): (2 * GIB, 25)}
+    edits = fresh.apply(a)
+    assert edits["gpu-0-quarter-0"].mounts[0].host_path.endswith(f"gpu_0/{ns(UID_A)}")
+
+
+def test_restore_removes_orphans_and_resets_compute_modes(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    g0, g1 = node.gpus
+    a = plan(device(g0, GIB), uid=UID_A)
+    node.enforcer.apply(a)
+    node.enforcer.apply(plan(device(g0, GIB), uid=UID_B))
+    node.enforcer.apply(plan(device(g1, GIB), uid=UID_C))
+    pipe = node.pipe("time-slicing")
+    busy = node.mps.add_client(pipe, "gpu_0", ns(UID_B))
+    fresh = node.new_enforcer()
+    fresh.restore([a])
+    assert namespaces(node, "time-slicing") == {ns(UID_A): (GIB, 100)}
+    assert "gpu_1" not in node.mps.daemon(pipe).servers
+    assert f"client terminate {busy}" in node.mps.commands()
+    assert node.nvml.gpus[g1.uuid].compute_mode == "DEFAULT"
+    assert node.nvml.gpus[g0.uuid].compute_mode == "EXCLUSIVE_PROCESS"
+    fresh.restore([])
+    assert node.mps.daemons == {}
+    assert node.nvml.gpus[g0.uuid].compute_mode == "DEFAULT"
+
+
+def test_failed_restore_is_retried_by_health_check(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    a = plan(device(node.gpus[0], GIB), uid=UID_A)
+    node.mps.fail("-p", "3", stderr="daemon start failed", times=1)
+    fresh = node.new_enforcer()
+    fresh.restore([a])
+    assert fresh.targets() == []
+    fresh.check_health()
+    assert [t.claim.uid for t in fresh.targets()] == [UID_A]
+    assert namespaces(node, "time-slicing") == {ns(UID_A): (GIB, 100)}

@@ -1,0 +1,232 @@
+"""Bad input and failures: each claim fails alone, nothing leaks, the plugin keeps going.
+
+Each test reproduces a defect found by trying to break the plugin.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+from urllib3.exceptions import MaxRetryError
+
+from dra_driver import DEFAULT_DRIVER_NAME
+from dra_driver.checkpoint import Checkpoint, CheckpointCorrupt, _checksum
+from dra_driver.claimplan import ClaimRef, plan_from_json, plan_to_json
+from tests.support import claimfactory as cf
+from tests.support.node import NODE, Node
+
+
+def ref(claim: dict[str, Any]) -> ClaimRef:
+    m = claim["metadata"]
+    return ClaimRef(m["namespace"], m["name"], m["uid"])
+
+
+def spec_file(node: Node, claim: dict[str, Any]) -> Path:
+    return node.cdi_root / f"{DEFAULT_DRIVER_NAME}-claim_{claim['metadata']['uid']}.json"
+
+
+def on_disk(node: Node) -> set[str]:
+    return set(json.loads((node.state_dir / "checkpoint.json").read_text())["claims"])
+
+
+def test_failed_checkpoint_write_on_unprepare_keeps_the_claim_for_the_retry(node: Node) -> None:
+    claim = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
+    node.claims.add(claim)
+    driver = node.driver()
+    uid = claim["metadata"]["uid"]
+    assert driver.prepare([ref(claim)])[uid].error == ""
+    with mock.patch("dra_driver.atomicfile.os.fsync", side_effect=OSError(28, "No space")):
+        assert "checkpoint write" in driver.unprepare([ref(claim)])[uid]
+    assert uid in driver.checkpoint.claims and uid in on_disk(node)
+    assert driver.unprepare([ref(claim)]) == {uid: ""}
+    assert uid not in on_disk(node)
+    driver.close()
+    restarted = node.driver()
+    assert restarted.checkpoint.claims == {}
+    restarted.close()
+
+
+def test_one_bad_claim_does_not_abort_the_batch(node: Node) -> None:
+    good = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
+    huge = cf.claim([cf.result(node.device(1, "quarter"), NODE)], [cf.opaque(memoryLimit="1e5000")])
+    no_request = cf.claim([cf.result(node.device(1, "half"), NODE)])
+    del no_request["status"]["allocation"]["devices"]["results"][0]["request"]
+    bad_opaque = cf.claim([cf.result(node.device(1, "eighth"), NODE)])
+    bad_opaque["status"]["allocation"]["devices"]["config"] = [{"source": "FromClaim", "opaque": 7}]
+    for c in (good, huge, no_request, bad_opaque):
+        node.claims.add(c)
+    driver = node.driver()
+    out = driver.prepare([ref(c) for c in (good, huge, no_request, bad_opaque)])
+    assert out[good["metadata"]["uid"]].error == ""
+    assert "larger than any GPU" in out[huge["metadata"]["uid"]].error
+    assert "results[0].request: missing" in out[no_request["metadata"]["uid"]].error
+    assert "config[0].opaque: expected an object" in out[bad_opaque["metadata"]["uid"]].error
+    assert on_disk(node) == {good["metadata"]["uid"]}
+    assert [p.name for p in node.cdi_root.iterdir()] == [spec_file(node, good).name]
+    driver.close()
+
+
+def test_huge_exponent_is_refused_quickly(node: Node) -> None:
+    claim = cf.claim(
+        [cf.result(node.device(0, "quarter"), NODE)], [cf.opaque(memoryLimit="1e1000000")]
+    )
+    node.claims.add(claim)
+    driver = node.driver()
+    started = time.monotonic()
+    assert "larger than any GPU" in driver.prepare([ref(claim)])[claim["metadata"]["uid"]].error
+    assert time.monotonic() - started < 2
+    driver.close()
+
+
+class Unreachable:
+    def read(self, namespace: str, name: str, timeout: float) -> Any:
+        raise MaxRetryError(None, "/apis", "connection refused")  # type: ignore[arg-type]
+
+
+def test_api_server_down_fails_new_claims_alone_and_serves_prepared_ones(node: Node) -> None:
+    prepared = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
+    node.claims.add(prepared)
+    driver = node.driver()
+    assert driver.prepare([ref(prepared)])[prepared["metadata"]["uid"]].error == ""
+    driver.reader = Unreachable()
+    new = cf.claim([cf.result(node.device(1, "quarter"), NODE)])
+    out = driver.prepare([ref(prepared), ref(new)])
+    assert out[prepared["metadata"]["uid"]].devices
+    assert "connection refused" in out[new["metadata"]["uid"]].error
+    driver.close()
+
+
+@pytest.mark.parametrize("content", ["null", "[]", "1", '"x"'])
+def test_checkpoint_of_the_wrong_json_type_is_corrupt_not_a_crash(node: Node, content: str) -> None:
+    node.state_dir.mkdir(parents=True)
+    (node.state_dir / "checkpoint.json").write_text(content)
+    driver = node.driver()
+    assert driver.checkpoint.claims == {}
+    assert [p.read_text() for p in node.state_dir.glob("checkpoint.json.corrupt-*")] == [content]
+    driver.close()
+
+
+def test_checksummed_record_without_a_plan_is_corrupt(tmp_path: Path) -> None:
+    claims = {"u": {"namespace": "n", "name": "c", "devices": []}}
+    doc = {"version": 1, "bootId": "b", "checksum": _checksum(claims), "claims": claims}
+    (tmp_path / "checkpoint.json").write_text(json.dumps(doc))
+    with pytest.raises(CheckpointCorrupt, match="record u.plan is missing"):
+        Checkpoint(tmp_path, "b").load()
+
+
+def test_plans_from_a_newer_version_still_load(node: Node) -> None:
+    claim = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
+    node.claims.add(claim)
+    driver = node.driver()
+    driver.prepare([ref(claim)])
+    doc = plan_to_json(driver.prepared_plans()[0])
+    doc["devices"][0]["gpu"]["futureField"] = 1
+    doc["devices"][0]["futureField"] = 2
+    assert plan_from_json(doc) == driver.prepared_plans()[0]
+    driver.close()
+
+
+def test_corrupt_checkpoint_leaves_enforcement_alone(node: Node) -> None:
+    claim = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
+    node.claims.add(claim)
+    driver = node.driver()
+    driver.prepare([ref(claim)])
+    driver.close()
+    (node.state_dir / "checkpoint.json").write_text("{broken")
+    node.enforcer.calls.clear()
+    again = node.driver()
+    assert [c for c in node.enforcer.calls if c[0] == "restore"] == []
+    assert claim["metadata"]["uid"] in node.enforcer.applied
+    assert spec_file(node, claim).exists()
+    again.close()
+
+
+def test_temp_files_of_killed_writes_are_swept(node: Node) -> None:
+    node.cdi_root.mkdir(parents=True)
+    node.state_dir.mkdir(parents=True)
+    leftovers = [
+        node.cdi_root / f".{DEFAULT_DRIVER_NAME}-claim_x.json.123.tmp",
+        node.state_dir / ".checkpoint.json.456.tmp",
+    ]
+    for p in leftovers:
+        p.write_text("{")
+    node.driver().close()
+    assert not any(p.exists() for p in leftovers)
+
+
+def test_duplicate_claim_in_one_request_is_applied_once(node: Node) -> None:
+    claim = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
+    node.claims.add(claim)
+    driver = node.driver()
+    out = driver.prepare([ref(claim), ref(claim)])
+    assert out[claim["metadata"]["uid"]].error == ""
+    assert [c for c in node.enforcer.calls if c[0] == "apply"] == [
+        ("apply", claim["metadata"]["uid"])
+    ]
+    driver.close()
+
+
+def test_cdi_write_failure_names_the_cdi_root(node: Node) -> None:
+    claim = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
+    node.claims.add(claim)
+    driver = node.driver()
+    with mock.patch("dra_driver.cdifiles.write_atomic", side_effect=OSError(28, "No space left")):
+        error = driver.prepare([ref(claim)])[claim["metadata"]["uid"]].error
+    assert f"writing the CDI spec under {node.cdi_root} failed" in error
+    assert claim["metadata"]["uid"] not in node.enforcer.applied
+    driver.close()
+
+
+def test_exclusive_device_in_two_claims_is_refused(node: Node) -> None:
+    device = node.device(0, "full")
+    first, second = (cf.claim([cf.result(device, NODE)]) for _ in range(2))
+    for c in (first, second):
+        node.claims.add(c)
+    driver = node.driver()
+    out = driver.prepare([ref(first), ref(second)])
+    assert out[first["metadata"]["uid"]].error == ""
+    assert "already prepared for claim" in out[second["metadata"]["uid"]].error
+    driver.close()
+
+
+def test_capacity_shares_beyond_the_card_are_refused(mixed_node: Node) -> None:
+    node = mixed_node
+    device = node.device(1, None)
+    a = cf.claim(
+        [cf.result(device, NODE, share_id="3f1c2b9a-0d4e-4c7b-9a51-5e2f8d6c7b10", memory="100Gi")]
+    )
+    b = cf.claim(
+        [cf.result(device, NODE, share_id="7a8b9c0d-1e2f-4a3b-8c4d-5e6f7a8b9c0d", memory="100Gi")]
+    )
+    for c in (a, b):
+        node.claims.add(c)
+    driver = node.driver()
+    out = driver.prepare([ref(a), ref(b)])
+    assert out[a["metadata"]["uid"]].error == ""
+    assert "more than the card's" in out[b["metadata"]["uid"]].error
+    driver.close()
+
+
+@pytest.mark.parametrize("first_share,second_share", [(None, "a"), ("a", None)])
+def test_a_device_prepared_exclusively_is_never_shared_and_vice_versa(
+    mixed_node: Node, first_share: str | None, second_share: str | None
+) -> None:
+    node = mixed_node
+    device = node.device(1, None)
+    first, second = (
+        cf.claim([cf.result(device, NODE, share_id=s, memory="8Gi")])
+        for s in (first_share, second_share)
+    )
+    for c in (first, second):
+        node.claims.add(c)
+    driver = node.driver()
+    out = driver.prepare([ref(first), ref(second)])
+    assert out[first["metadata"]["uid"]].error == ""
+    assert "already prepared for claim" in out[second["metadata"]["uid"]].error
+    assert on_disk(node) == {first["metadata"]["uid"]}
+    driver.close()

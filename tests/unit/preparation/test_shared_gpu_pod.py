@@ -1,0 +1,87 @@
+"""Two fraction claims of one pod on one GPU: both CDI specs mount /tmp/nvidia-mps and set
+NVIDIA_GPU_MEMORY_*, so a container using both gets one of each, silently. Prepare cannot see
+containers; it sees the claims' ``status.reservedFor`` and logs a structured warning naming
+both claims on the second claim's Prepare (issue 10, item 17)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from structlog.testing import capture_logs
+
+from dra_driver.claimplan import ClaimRef
+from dra_driver.preparation import ClaimPreparation
+from tests.support import claimfactory as cf
+from tests.support.node import NODE, Node
+
+EVENT = "two claims of one pod on one GPU"
+
+
+def _ref(c: dict[str, Any]) -> ClaimRef:
+    m = c["metadata"]
+    return ClaimRef(m["namespace"], m["name"], m["uid"])
+
+
+def _claim(node: Node, gpu: int, n: int, *pods: dict[str, Any]) -> dict[str, Any]:
+    c = cf.claim([cf.result(f"gpu-{gpu}-quarter-{n}", NODE)], reserved_for=list(pods))
+    node.claims.add(c)
+    return c
+
+
+def _warnings(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in logs if e["event"].startswith(EVENT)]
+
+
+def _prepare(driver: ClaimPreparation, *claims: dict[str, Any]) -> list[dict[str, Any]]:
+    with capture_logs() as logs:
+        out = driver.prepare(_ref(c) for c in claims)
+    assert all(o.error == "" for o in out.values()), out
+    return _warnings(logs)
+
+
+def test_second_claim_of_a_pod_on_the_same_gpu_is_warned(node: Node) -> None:
+    web = cf.pod("web")
+    first, second = _claim(node, 0, 0, web), _claim(node, 0, 1, web)
+    gpu = node.devices[node.device(0, "quarter")].gpu
+    driver = node.driver()
+    try:
+        [warning] = _prepare(driver, first, second)  # one kubelet call for the pod
+    finally:
+        driver.close()
+    assert warning["log_level"] == "warning"
+    assert (warning["claim_uid"], warning["other_claim_uid"]) == (
+        second["metadata"]["uid"],
+        first["metadata"]["uid"],
+    )
+    assert warning["name"] == second["metadata"]["name"]
+    assert warning["other_name"] == first["metadata"]["name"]
+    assert (warning["gpu"], warning["gpu_index"]) == (gpu.uuid, 0)
+    assert (warning["pod_uid"], warning["pod"]) == (web["uid"], "web")
+    assert "one fraction per GPU per container" in warning["event"]
+
+
+def test_warned_across_calls_and_forgotten_after_unprepare(node: Node) -> None:
+    web = cf.pod("web")
+    first, second, third = (_claim(node, 0, n, web) for n in range(3))
+    driver = node.driver()
+    try:
+        assert _prepare(driver, first) == []
+        assert [w["other_claim_uid"] for w in _prepare(driver, second)] == [
+            first["metadata"]["uid"]
+        ]
+        driver.unprepare([_ref(first), _ref(second)])
+        assert _prepare(driver, third) == []
+    finally:
+        driver.close()
+
+
+def test_no_warning_for_other_gpus_or_other_pods(node: Node) -> None:
+    web, db = cf.pod("web"), cf.pod("db")
+    driver = node.driver()
+    try:
+        assert _prepare(driver, _claim(node, 0, 0, web), _claim(node, 1, 0, web)) == []
+        assert _prepare(driver, _claim(node, 0, 1, db), _claim(node, 0, 2)) == []
+        shared = _claim(node, 1, 1, cf.pod("api-0"), cf.pod("api-1"))  # one claim, two pods
+        assert _prepare(driver, shared) == []
+    finally:
+        driver.close()

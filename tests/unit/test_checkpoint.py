@@ -1,0 +1,268 @@
+"""Checkpoint durability: versioned, checksummed, boot-scoped, corruption kept aside."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_driver.checkpoint import (
+    VERSION,
+    Checkpoint,
+    CheckpointCorrupt,
+    ClaimRecord,
+    PreparedDevice,
+    _checksum,
+)
+from dra_driver.claimplan import ClaimRef
+from tests.support import claimfactory as cf
+from tests.support.fakes.plans import GIB, device, gpu, plan
+from tests.support.node import NODE, Node
+from tests.support.paths import TEST_DATA
+
+UID = "0c000000-0000-4000-8000-00000000000c"
+
+
+def record(uid: str = UID) -> ClaimRecord:
+    p = plan(
+        device(gpu(0), 20 * GIB, 30 * GIB),
+        device(gpu(1), 8 * GIB, mode="sm-sharing", threads=30, name="gpu-1", share_id="s1"),
+        uid=uid,
+    )
+    devices = tuple(
+        PreparedDevice(d.request_names, d.pool, d.device, d.share_id, (f"v/claim=c-{d.key}",))
+        for d in p.devices
+    )
+    return ClaimRecord(p.claim.namespace, p.claim.name, devices, p)
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    cp = Checkpoint(tmp_path, "boot-1")
+    cp.claims[UID] = record()
+    cp.save()
+    again = Checkpoint(tmp_path, "boot-1")
+    assert again.load()
+    assert again.claims == {UID: record()}
+    assert not list(tmp_path.glob(".*tmp"))
+
+
+def test_new_boot_resets(tmp_path: Path) -> None:
+    cp = Checkpoint(tmp_path, "boot-1")
+    cp.claims[UID] = record()
+    cp.save()
+    after_reboot = Checkpoint(tmp_path, "boot-2")
+    assert after_reboot.load() is False
+    assert after_reboot.claims == {}
+    assert json.loads(cp.path.read_text())["bootId"] == "boot-2"
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda doc: "{not json",
+        lambda doc: json.dumps({**doc, "version": 99}),
+        lambda doc: json.dumps({**doc, "version": True}),
+        lambda doc: json.dumps({**doc, "version": [1]}),
+        lambda doc: json.dumps({**doc, "claims": {UID: {"tampered": True}}}),
+        lambda doc: json.dumps({k: v for k, v in doc.items() if k != "claims"}),
+    ],
+)
+def test_corruption_is_reported_and_kept(tmp_path: Path, damage: object) -> None:
+    cp = Checkpoint(tmp_path, "b")
+    cp.claims[UID] = record()
+    cp.save()
+    doc = json.loads(cp.path.read_text())
+    cp.path.write_text(damage(doc))  # type: ignore[operator]
+    broken = cp.path.read_text()
+    fresh = Checkpoint(tmp_path, "b")
+    with pytest.raises(CheckpointCorrupt) as info:
+        fresh.load()
+    assert info.value.kept_at.read_text() == broken
+    assert not cp.path.exists()
+    assert fresh.claims == {}
+
+
+def _write(tmp_path: Path, claims: dict[str, Any]) -> Checkpoint:
+    """A checkpoint file with these raw records and a valid checksum (boot ``b``)."""
+    doc = {"version": 1, "bootId": "b", "checksum": _checksum(claims), "claims": claims}
+    (tmp_path / "checkpoint.json").write_text(json.dumps(doc))
+    return Checkpoint(tmp_path, "b")
+
+
+def _set(doc: dict[str, Any], path: str, value: Any) -> None:
+    *parents, last = path.split(".")
+    for key in parents:
+        doc = doc[int(key)] if isinstance(doc, list) else doc[key]  # type: ignore[index]
+    doc[last] = value
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("plan", None, f"record {UID}.plan is NoneType, not dict"),
+        ("devices", {}, f"record {UID}.devices is dict, not list"),
+        ("devices.0.cdi_device_ids", [1], f"record {UID}.devices[0].cdi_device_ids is not a list"),
+        ("plan.devices.0.gpu.uuid", 7, f"record {UID}.plan.devices[0].gpu.uuid is int, not str"),
+        ("plan.devices.0.memory_limit_bytes", True, "memory_limit_bytes is bool, not int"),
+        ("plan.devices.0.compute_mode", None, "compute_mode is NoneType, not str"),
+        ("plan.devices.1.active_thread_percentage", "30", "active_thread_percentage is str"),
+        ("plan.claim.uid", "0d000000-0000-4000-8000-00000000000d", "holds the plan of claim 0d"),
+    ],
+)
+def test_a_record_of_the_wrong_shape_is_corrupt_and_named(
+    tmp_path: Path, path: str, value: Any, message: str
+) -> None:
+    doc = json.loads(json.dumps(record().to_json()))
+    _set(doc, path, value)
+    with pytest.raises(CheckpointCorrupt, match=re.escape(message)):
+        _write(tmp_path, {UID: doc}).load()
+
+
+def test_a_required_field_missing_is_corrupt_and_named(tmp_path: Path) -> None:
+    doc = json.loads(json.dumps(record().to_json()))
+    del doc["plan"]["devices"][0]["gpu"]["minor"]
+    with pytest.raises(CheckpointCorrupt, match=r"plan\.devices\[0\]\.gpu\.minor is missing"):
+        _write(tmp_path, {UID: doc}).load()
+
+
+def test_optional_fields_take_their_defaults(tmp_path: Path) -> None:
+    doc = json.loads(json.dumps(record().to_json()))
+    for d in doc["plan"]["devices"]:
+        for key in ("share_id", "active_thread_percentage"):
+            del d[key]
+        for key in ("name", "sm_count", "compute_capability", "architecture", "pci_bus_id"):
+            del d["gpu"][key]
+        for key in ("mig_enabled", "driver_version", "cuda_driver_version"):
+            del d["gpu"][key]
+    for d in doc["devices"]:
+        del d["share_id"]
+    cp = _write(tmp_path, {UID: doc})
+    assert cp.load()
+    [read] = cp.claims.values()
+    d0 = read.plan.devices[1]
+    assert (d0.share_id, d0.active_thread_percentage, read.devices[1].share_id) == (None,) * 3
+    assert (d0.gpu.uuid, d0.gpu.memory_bytes) == (gpu(1).uuid, gpu(1).memory_bytes)
+    assert (d0.gpu.name, d0.gpu.sm_count, d0.gpu.mig_enabled, d0.gpu.cuda_driver_version) == (
+        "",
+        0,
+        False,
+        "",
+    )
+    cp.save()
+    assert (
+        json.loads(cp.path.read_text())["claims"][UID]["plan"]["devices"][1]["gpu"][
+            "cuda_driver_version"
+        ]
+        == ""
+    )
+
+
+FIXTURES = TEST_DATA / "checkpoints"
+"""One checkpoint per released format, as that version's code wrote it (boot ID ``boot-1``):
+``v1.json`` by the current code, ``v1-without-optional-fields.json`` by a v1 writer that
+predates a device's ``active_thread_percentage``, a GPU's ``cuda_driver_version`` and null
+``share_id`` entries."""
+FIXTURE_UIDS = {"0a000000-0000-4000-8000-00000000000a", "0b000000-0000-4000-8000-00000000000b"}
+"""Their claims: ``0a..`` holds ``gpu-0-full-0`` (exclusive), ``0b..`` a 40Gi share of the
+capacity device ``gpu-1`` (``MIXED_CONFIG``)."""
+
+
+def _install(node: Node, doc: dict[str, Any]) -> None:
+    node.state_dir.mkdir(parents=True, exist_ok=True)
+    (node.state_dir / "checkpoint.json").write_text(json.dumps(doc))
+
+
+def _ref(claim: dict[str, Any]) -> ClaimRef:
+    m = claim["metadata"]
+    return ClaimRef(m["namespace"], m["name"], m["uid"])
+
+
+@pytest.mark.parametrize("fixture", sorted(FIXTURES.glob("*.json")), ids=lambda p: p.name)
+def test_released_formats_load_and_their_claims_are_honoured(
+    mixed_node: Node, fixture: Path
+) -> None:
+    node = mixed_node
+    _install(node, json.loads(fixture.read_text()))
+    driver = node.driver("boot-1")
+    assert set(driver.checkpoint.claims) == FIXTURE_UIDS
+    assert not list(node.state_dir.glob("checkpoint.json.corrupt-*"))
+    assert {p.claim.uid for p in driver.prepared_plans()} == FIXTURE_UIDS
+    exclusive = cf.claim([cf.result("gpu-0-full-0", NODE)])
+    big_share = cf.claim([cf.result("gpu-1", NODE, share_id="c0ffee00", memory="120Gi")])
+    for c in (exclusive, big_share):
+        node.claims.add(c)
+    out = driver.prepare([_ref(exclusive), _ref(big_share)])
+    assert "already prepared for claim 0a000000" in out[exclusive["metadata"]["uid"]].error
+    assert "more than the card's" in out[big_share["metadata"]["uid"]].error
+    driver.close()
+
+
+def _add_unknown_fields(doc: dict[str, Any]) -> None:
+    doc["futureTopLevel"] = {"x": 1}
+    for record in doc["claims"].values():
+        record["futureRecordField"] = [1, 2]
+        record["plan"]["futurePlanField"] = True
+        record["plan"]["claim"]["futureClaimField"] = "x"
+        for d in record["devices"]:
+            d["futureDeviceField"] = None
+        for d in record["plan"]["devices"]:
+            d["futureDevicePlanField"] = 3
+            d["gpu"]["futureGpuField"] = "y"
+    doc["checksum"] = _checksum(doc["claims"])
+
+
+def test_fields_of_a_newer_writer_are_ignored(mixed_node: Node) -> None:
+    node = mixed_node
+    doc = json.loads((FIXTURES / "v1.json").read_text())
+    _add_unknown_fields(doc)
+    _install(node, doc)
+    driver = node.driver("boot-1")
+    assert set(driver.checkpoint.claims) == FIXTURE_UIDS
+    assert not list(node.state_dir.glob("checkpoint.json.corrupt-*"))
+    driver.close()
+
+
+def _shape(value: Any) -> Any:
+    """The keys (recursively) and JSON types of a document, without its values."""
+    if isinstance(value, dict):
+        return {k: _shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shape(v) for v in value[:1]]
+    return type(value).__name__
+
+
+def test_the_current_writer_writes_the_v1_fixture_format(mixed_node: Node) -> None:
+    """If this fails the format changed: bump ``checkpoint.VERSION``, migrate the old version
+    and add a fixture written by the new code."""
+    node = mixed_node
+    fixture = json.loads((FIXTURES / "v1.json").read_text())
+    made = [
+        cf.claim(
+            [cf.result("gpu-0-full-0", NODE)],
+            namespace="team-a",
+            name="train",
+            uid="0a000000-0000-4000-8000-00000000000a",
+        ),
+        cf.claim(
+            [
+                cf.result(
+                    "gpu-1", NODE, share_id="7a8b9c0d-1e2f-4a3b-8c4d-5e6f7a8b9c0d", memory="40Gi"
+                )
+            ],
+            [cf.opaque(activeThreadPercentage=30)],
+            namespace="team-b",
+            name="infer",
+            uid="0b000000-0000-4000-8000-00000000000b",
+        ),
+    ]
+    for c in made:
+        node.claims.add(c)
+    driver = node.driver("boot-1")
+    assert all(not o.error for o in driver.prepare([_ref(c) for c in made]).values())
+    driver.close()
+    written = json.loads((node.state_dir / "checkpoint.json").read_text())
+    assert written["version"] == fixture["version"] == VERSION
+    assert _shape(written) == _shape(fixture)

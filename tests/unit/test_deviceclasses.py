@@ -1,0 +1,172 @@
+"""DeviceClasses: shipped manifests equal the generated ones, validity, and that each class
+selects exactly the published devices it is named for."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dra_driver import DEFAULT_DRIVER_NAME
+from dra_driver.config import GpuOverride, GpuSelector, NodeConfig
+from dra_driver.configload import load_node_config
+from dra_driver.deviceclasses import (
+    build_device_classes,
+    default_device_class_files,
+    device_class_name,
+    main,
+)
+from dra_driver.gpus import SimulatedGpuSource
+from dra_driver.slices import build_slices, slice_devices
+from tests.support import k8sschema
+from tests.support.paths import REPO
+
+ROOT = REPO
+SHIPPED = ROOT / "manifests" / "deviceclasses"
+EXAMPLE = ROOT / "docs" / "examples" / "node-config.example.yaml"
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+TERM = re.compile(
+    r'^device\.(?:driver|attributes\["([^"]+)"\]\.([A-Za-z_][A-Za-z0-9_]*)) == "([^"]*)"$'
+)
+
+
+class CelError(Exception):
+    """A CEL runtime error (e.g. no such key)."""
+
+
+def evaluate(expression: str, device: Mapping[str, Any], driver: str) -> bool:
+    """Evaluate the generated selector form ``t1 && t2 ...`` (each ``x == "literal"``) with CEL
+    semantics: unqualified attributes live in the driver's domain; a missing attribute is an
+    error, and ``&&`` is false if any term is false, else an error if any term errs."""
+    results: list[bool | CelError] = []
+    for term in expression.split(" && "):
+        m = TERM.match(term)
+        assert m, f"unexpected selector term {term!r}"
+        domain, attr, literal = m.groups()
+        if domain is None:
+            results.append(driver == literal)
+            continue
+        attrs = {
+            (k if "/" in k else f"{driver}/{k}"): v for k, v in device.get("attributes", {}).items()
+        }
+        value = attrs.get(f"{domain}/{attr}")
+        if value is None:
+            results.append(CelError(f"no such key: {attr}"))
+        else:
+            results.append(value.get("string") == literal)
+    if False in results:
+        return False
+    errors = [r for r in results if isinstance(r, CelError)]
+    if errors:
+        raise errors[0]
+    return True
+
+
+def test_shipped_yaml_equals_generated() -> None:
+    files = default_device_class_files()
+    assert sorted(p.name for p in SHIPPED.glob("*.yaml")) == sorted(files)
+    for name, text in files.items():
+        assert (SHIPPED / name).read_text() == text, f"{name} drifted: regenerate it"
+    assert main(["--check", str(SHIPPED)]) == 0
+
+
+def test_default_class_names() -> None:
+    names = [c["metadata"]["name"] for c in build_device_classes()]
+    assert names == [
+        "gpu-eighth",
+        "gpu-eighth-sm-sharing",
+        "gpu-quarter",
+        "gpu-quarter-sm-sharing",
+        "gpu-half",
+        "gpu-half-sm-sharing",
+        "gpu-full",
+        "gpu-full-sm-sharing",
+        "gpu-memory",
+        "gpu-memory-sm-sharing",
+    ]
+
+
+def test_classes_are_valid() -> None:
+    config = load_node_config(str(EXAMPLE))
+    for c in build_device_classes(config) + build_device_classes(driver="gpu.example.com"):
+        k8sschema.validate(c)
+        name = c["metadata"]["name"]
+        assert DNS_LABEL.match(name) and len(name) <= 63
+    longest = device_class_name("x" * 40, "sm-sharing")
+    assert len(longest) <= 63
+
+
+def test_shipped_files_parse_as_the_classes() -> None:
+    for c in build_device_classes():
+        shipped = yaml.safe_load((SHIPPED / f"{c['metadata']['name']}.yaml").read_text())
+        assert shipped == c
+
+
+def test_each_class_selects_exactly_its_devices() -> None:
+    driver = DEFAULT_DRIVER_NAME
+    config = NodeConfig(
+        gpus=(
+            GpuOverride(GpuSelector(index=1), compute_mode="sm-sharing"),
+            GpuOverride(GpuSelector(index=2), fraction_model="capacity"),
+            GpuOverride(GpuSelector(index=3), fraction_model="capacity", compute_mode="sm-sharing"),
+        )
+    )
+    inv = SimulatedGpuSource("simulated:H200x2,L4x2", seed="n").discover()
+    devices = slice_devices(build_slices(inv, config, driver, "n"))
+    # plus a device of another driver that happens to have similar attributes
+    foreign = {"name": "x", "attributes": {"product": {"string": "quarter"}}}
+    for c in build_device_classes(config, driver):
+        expression = c["spec"]["selectors"][0]["cel"]["expression"]
+        labels = c["metadata"]["labels"]
+        selected = {d["name"] for d in devices if evaluate(expression, d, driver)}
+        expected = {
+            d["name"]
+            for d in devices
+            if d["attributes"]["fractionModel"]["string"] == labels[f"{driver}/fraction-model"]
+            and d["attributes"]["computeMode"]["string"] == labels[f"{driver}/compute-mode"]
+            and d["attributes"].get("product", {}).get("string") == labels.get(f"{driver}/product")
+        }
+        assert selected == expected, c["metadata"]["name"]
+        assert not evaluate(expression, foreign, "other.example.com")
+    by_class = {
+        c["metadata"]["name"]: sum(
+            evaluate(c["spec"]["selectors"][0]["cel"]["expression"], d, driver) for d in devices
+        )
+        for c in build_device_classes(config, driver)
+    }
+    assert by_class["gpu-quarter"] == 4 and by_class["gpu-quarter-sm-sharing"] == 4
+    assert by_class["gpu-memory"] == 1 and by_class["gpu-memory-sm-sharing"] == 1
+
+
+def test_custom_products_and_modes() -> None:
+    config = load_node_config(str(EXAMPLE))
+    classes = build_device_classes(config, compute_modes=["sm-sharing"], include_capacity=False)
+    assert [c["metadata"]["name"] for c in classes] == [
+        "gpu-eighth-sm-sharing",
+        "gpu-quarter-sm-sharing",
+        "gpu-half-sm-sharing",
+        "gpu-full-sm-sharing",
+        "gpu-sixteenth-sm-sharing",
+    ]
+    with pytest.raises(ValueError, match="unknown compute mode"):
+        build_device_classes(compute_modes=["exclusive"])
+
+
+def test_main_write_and_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--write", str(tmp_path), "--config", str(EXAMPLE)]) == 0
+    assert (tmp_path / "gpu-sixteenth.yaml").exists()
+    assert main(["--check", str(tmp_path), "--config", str(EXAMPLE)]) == 0
+    (tmp_path / "gpu-half.yaml").write_text("changed\n")
+    (tmp_path / "gpu-extra.yaml").write_text("x\n")
+    assert main(["--check", str(tmp_path), "--config", str(EXAMPLE)]) == 1
+    err = capsys.readouterr().err
+    assert "gpu-half.yaml" in err and "gpu-extra.yaml" in err
+    assert main([]) == 0
+    stream = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [d["metadata"]["name"] for d in stream] == [
+        c["metadata"]["name"] for c in build_device_classes()
+    ]
