@@ -10,10 +10,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
+from fractions import Fraction
 from typing import Any
 
 from dra_driver.apijson import Field
-from dra_driver.devices import FractionDevice
+from dra_driver.devices import FractionDevice, product_memory_bytes
 from dra_driver.gpus.model import Gpu
 from dra_driver.ids import DNS_LABEL, DNS_LABEL_RULE, PrepareError, is_dns_label, validate_uid
 from dra_driver.params import ClaimParameters, parse_parameters, quantity_bytes
@@ -98,6 +99,7 @@ class AllocationResult:
         device: device name as allocated.
         share_id: ``shareID`` (which share of a device that allows multiple allocations).
         consumed_memory: ``consumedCapacity.memory`` (a quantity string) or None.
+        consumed_slots: ``consumedCapacity.slots`` (a quantity string) or None.
     """
 
     path: str
@@ -106,6 +108,7 @@ class AllocationResult:
     device: str
     share_id: str | None
     consumed_memory: str | None
+    consumed_slots: str | None = None
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,7 @@ def _result(field: Field) -> AllocationResult:
         device=field["device"].string(),
         share_id=share_id,
         consumed_memory=field["consumedCapacity"]["memory"].optional_string(),
+        consumed_slots=field["consumedCapacity"]["slots"].optional_string(),
     )
 
 
@@ -197,6 +201,31 @@ def _consumed_memory(result: AllocationResult) -> int | None:
     return quantity_bytes(result.consumed_memory, f"{result.path}.consumedCapacity.memory")
 
 
+def _requested_memory(result: AllocationResult, fraction: FractionDevice) -> int:
+    """Bytes the allocation gives the claim on ``fraction``: its consumed ``slots`` as a share
+    of the card (products; rounded down to a whole MiB, like a product), its consumed
+    ``memory`` (capacity), or the device's own memory when nothing was consumed (a device of
+    an older version without capacity).
+
+    Raises:
+        ParameterError: a consumed amount that is not a positive quantity.
+        PrepareError: more slots than the device has.
+    """
+    if fraction.fraction_model == FractionModel.CAPACITY:
+        consumed = _consumed_memory(result)
+        return consumed if consumed is not None else fraction.memory_bytes
+    if result.consumed_slots is None or not fraction.slots:
+        return fraction.memory_bytes
+    where = f"{result.path}.consumedCapacity.slots"
+    slots = quantity_bytes(result.consumed_slots, where)
+    if slots > fraction.slots:
+        raise PrepareError(
+            f"{where}: {shown(result.consumed_slots)} is more than the {fraction.slots} slots "
+            f"of device {fraction.name}"
+        )
+    return product_memory_bytes(fraction.gpu, Fraction(slots, fraction.slots))
+
+
 def _plan_device(
     result: AllocationResult,
     fraction: FractionDevice,
@@ -204,11 +233,11 @@ def _plan_device(
 ) -> DevicePlan:
     gpu = fraction.gpu
     where = f"device {fraction.name} (GPU {gpu.index}, {gpu.uuid})"
-    if result.share_id is not None and fraction.fraction_model != FractionModel.CAPACITY:
+    if result.share_id is None:
         raise PrepareError(
-            f"{where} does not allow multiple allocations, yet {result.path}.shareID is "
-            f"{shown(result.share_id)}; a shareID is only valid on a shared (capacity-model) "
-            "device. Re-create the claim so that the scheduler allocates it again"
+            f"{where} allows multiple allocations, yet {result.path} has no shareID (the "
+            "scheduler gives every share one). Re-create the claim so that the scheduler "
+            "allocates it again"
         )
     if params.compute_mode and params.compute_mode != fraction.compute_mode:
         raise PrepareError(
@@ -223,10 +252,7 @@ def _plan_device(
             f"{where}: activeThreadPercentage needs compute mode sm-sharing; "
             f"this GPU runs {fraction.compute_mode}"
         )
-    request = fraction.memory_bytes
-    if fraction.fraction_model == FractionModel.CAPACITY:
-        consumed = _consumed_memory(result)
-        request = consumed if consumed is not None else fraction.memory_bytes
+    request = _requested_memory(result, fraction)
     card = gpu.memory_bytes
     if params.memory_limit_bytes is not None:
         limit = params.memory_limit_bytes
@@ -259,36 +285,47 @@ def _plan_device(
 
 
 def overcommit_error(plan: ClaimPlan, prepared: Iterable[ClaimPlan]) -> str | None:
-    """Node-side defence against an allocation that over-commits a device.
+    """Node-side defence against an allocation the scheduler should never make.
 
-    The scheduler never does this; a bug or a hand-written allocation could. A device
-    allocated without a share ID belongs to one claim at a time: no other claim gets it,
-    with or without a share ID. The shares of one consumable-capacity device may not request
-    more memory together than the card has. Returns the problem or None. ``prepared``
-    excludes ``plan``'s own claim.
+    The rules, per GPU: a device allocated without a share ID belongs to one claim at a time
+    (no other claim gets it, with or without a share ID); the claims prepared on one GPU ask
+    together for at most the card's memory; and they all run one compute mode (a GPU never
+    carries both). Returns the problem or None. ``prepared`` excludes ``plan``'s own claim.
     """
     exclusive: dict[str, str] = {}
     sharers: dict[str, str] = {}
-    shared: dict[str, int] = {}
+    shares: dict[tuple[str, str], str] = {}
+    memory: dict[str, int] = {}
+    modes: dict[str, tuple[str, str]] = {}
     for other in prepared:
         for d in other.devices:
             if d.share_id is None:
                 exclusive[d.device] = other.claim.uid
             else:
                 sharers.setdefault(d.device, other.claim.uid)
-                shared[d.device] = shared.get(d.device, 0) + d.memory_request_bytes
+                shares[(d.device, d.share_id)] = other.claim.uid
+            memory[d.gpu.uuid] = memory.get(d.gpu.uuid, 0) + d.memory_request_bytes
+            modes.setdefault(d.gpu.uuid, (d.compute_mode, other.claim.uid))
     for d in plan.devices:
         holder = exclusive.get(d.device) or (sharers.get(d.device) if d.share_id is None else None)
         if holder is not None:
             return f"device {d.device} is already prepared for claim {holder}"
-        if d.share_id is not None:
-            shared[d.device] = shared.get(d.device, 0) + d.memory_request_bytes
-            if shared[d.device] > d.gpu.memory_bytes:
-                return (
-                    f"device {d.device}: shares prepared on this node would request "
-                    f"{canonical_quantity(shared[d.device])}, more than the card's "
-                    f"{canonical_quantity(d.gpu.memory_bytes)}"
-                )
+        if d.share_id is not None and (d.device, d.share_id) in shares:
+            holder = shares[(d.device, d.share_id)]
+            return f"share {d.share_id} of device {d.device} is already prepared for claim {holder}"
+        mode, holder = modes.setdefault(d.gpu.uuid, (d.compute_mode, plan.claim.uid))
+        if mode != d.compute_mode:
+            return (
+                f"GPU {d.gpu.index} ({d.gpu.uuid}) runs {mode} claims (e.g. {holder}); device "
+                f"{d.device} asks for {d.compute_mode}, and one GPU never carries both modes"
+            )
+        memory[d.gpu.uuid] = memory.get(d.gpu.uuid, 0) + d.memory_request_bytes
+        if memory[d.gpu.uuid] > d.gpu.memory_bytes:
+            return (
+                f"GPU {d.gpu.index} ({d.gpu.uuid}): claims prepared on this node would request "
+                f"{canonical_quantity(memory[d.gpu.uuid])}, more than the card's "
+                f"{canonical_quantity(d.gpu.memory_bytes)}"
+            )
     return None
 
 

@@ -15,7 +15,7 @@ from fractions import Fraction
 import structlog
 
 from dra_driver.gpus.model import MIB, Gpu
-from dra_driver.vocabulary import ComputeMode, FractionModel
+from dra_driver.vocabulary import AUTO_COMPUTE_MODE, COMPUTE_MODES, ComputeMode, FractionModel
 
 API_VERSION = "gpu-fraction.dra.dev/v1alpha1"
 """``apiVersion`` of the node configuration document."""
@@ -35,8 +35,9 @@ MAX_PRODUCT_NAME_LENGTH = 40
 """Longest product name: keeps device names (``gpu-<index>-<product>-<n>``) and DeviceClass
 names (``gpu-<product>-sm-sharing``) within the 63-character DNS label limit."""
 
-MAX_PRODUCTS = 16
-"""Most products in one product list."""
+MAX_PRODUCTS = 10
+"""Most products in one product list: their sizes become the ``validValues`` of the device's
+``slots`` capacity, which Kubernetes caps at 10 entries (``CapacityRequestPolicy``)."""
 
 MAX_PORTION_DENOMINATOR = 64
 """Largest denominator of a product portion (1/64 of a card is the smallest fraction)."""
@@ -46,7 +47,7 @@ MAX_DEVICES_PER_GPU = 64
 the per-slice device limit, so one GPU's devices always fit one ResourceSlice."""
 
 MAX_SLOTS = 1_000_000
-"""Largest least common multiple of a product list's denominators (the ``slots`` counter)."""
+"""Largest ``slotsPerGpu``: the ``slots`` capacity of one GPU."""
 
 
 log = structlog.get_logger(__name__)
@@ -151,25 +152,52 @@ class GpuConfig:
 
     Attributes:
         fraction_model: ``products`` or ``capacity``.
-        compute_mode: ``time-slicing`` or ``sm-sharing``.
+        compute_mode: ``auto`` (default: the mode follows the claims, see :attr:`modes`),
+            ``time-slicing`` or ``sm-sharing`` (pinned).
         products: the products offered when ``fraction_model`` is ``products``.
         capacity: the request policy used when ``fraction_model`` is ``capacity``.
         enabled: False when the configuration withholds the GPU from the driver.
     """
 
     fraction_model: str = FractionModel.PRODUCTS
-    compute_mode: str = ComputeMode.TIME_SLICING
+    compute_mode: str = AUTO_COMPUTE_MODE
     products: tuple[Product, ...] = DEFAULT_PRODUCTS
     capacity: CapacityPolicy = CapacityPolicy()
     enabled: bool = True
 
+    @property
+    def modes(self) -> tuple[ComputeMode, ...]:
+        """The compute modes the GPU is offered in: both for ``auto`` (the mode follows the
+        claims), else the pinned one."""
+        if self.compute_mode == AUTO_COMPUTE_MODE:
+            return COMPUTE_MODES
+        return (ComputeMode(self.compute_mode),)
+
 
 @dataclass(frozen=True)
 class NodeConfig:
-    """A validated node configuration; :meth:`for_gpu` resolves it for one GPU."""
+    """A validated node configuration; :meth:`for_gpu` resolves it for one GPU.
+
+    Attributes:
+        defaults: settings of every GPU before overrides.
+        gpus: per-GPU overrides, in file order.
+        slots_per_gpu: the ``slots`` capacity of one GPU (``slotsPerGpu``); None: the least
+            common multiple of every product's denominator (8 for the default products).
+        extended_resources: publish, per GPU, mode and product, a device that an extended
+            resource request (``gpu-fraction.dra.dev/quarter: 1``) can take
+            (``extendedResources``).
+    """
 
     defaults: GpuConfig = GpuConfig()
     gpus: tuple[GpuOverride, ...] = ()
+    slots_per_gpu: int | None = None
+    extended_resources: bool = False
+
+    @property
+    def slots(self) -> int:
+        """Slots one GPU is divided into: ``slots_per_gpu`` or the products' common
+        denominator. A product of portion ``p`` takes ``p * slots`` of them."""
+        return self.slots_per_gpu or slots_for(self.all_products())
 
     def for_gpu(self, gpu: Gpu) -> GpuConfig:
         """Effective settings of ``gpu``: the defaults, then each matching override (later wins).
@@ -236,7 +264,8 @@ class NodeConfig:
 
 def default_node_config() -> NodeConfig:
     """The configuration used without a file: products eighth/quarter/half/full on every GPU,
-    time-slicing, capacity policy minimum 1Gi, step 256Mi, default the whole card."""
+    compute mode ``auto`` (follows the claims), capacity policy minimum 1Gi, step 256Mi,
+    default the whole card."""
     return NodeConfig()
 
 

@@ -39,7 +39,12 @@ from dra_driver.config import (
 from dra_driver.errors import DriverError, StartupError
 from dra_driver.gpus.model import MIB
 from dra_driver.quantities import QuantityError, canonical_quantity, quantity_value
-from dra_driver.vocabulary import COMPUTE_MODES, FRACTION_MODELS, ComputeMode, FractionModel
+from dra_driver.vocabulary import (
+    AUTO_COMPUTE_MODE,
+    COMPUTE_MODE_SETTINGS,
+    FRACTION_MODELS,
+    FractionModel,
+)
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
@@ -153,7 +158,16 @@ def _parse(data: object) -> NodeConfig:
     doc = _mapping(
         {} if data is None else data,
         "document",
-        {"apiVersion", "kind", "defaults", "products", "capacity", "gpus"},
+        {
+            "apiVersion",
+            "kind",
+            "defaults",
+            "products",
+            "capacity",
+            "gpus",
+            "slotsPerGpu",
+            "extendedResources",
+        },
     )
     if doc.get("apiVersion") != API_VERSION:
         raise ConfigError(f"apiVersion: must be {API_VERSION!r}, got {doc.get('apiVersion')!r}")
@@ -166,7 +180,9 @@ def _parse(data: object) -> NodeConfig:
         "defaults.fractionModel",
     )
     mode = _choice(
-        defaults.get("computeMode", ComputeMode.TIME_SLICING), COMPUTE_MODES, "defaults.computeMode"
+        defaults.get("computeMode", AUTO_COMPUTE_MODE),
+        COMPUTE_MODE_SETTINGS,
+        "defaults.computeMode",
     )
     products = _products(doc["products"], "products") if "products" in doc else DEFAULT_PRODUCTS
     capacity: dict[str, int | None] = {
@@ -191,9 +207,39 @@ def _parse(data: object) -> NodeConfig:
     overrides = tuple(_override(item, f"gpus[{i}]") for i, item in enumerate(raw_gpus))
     for i, override in enumerate(overrides):
         _check_capacity({**capacity, **override.capacity}, f"gpus[{i}].capacity")
-    config = NodeConfig(defaults=base, gpus=overrides)
+    config = NodeConfig(
+        defaults=base,
+        gpus=overrides,
+        slots_per_gpu=_slots_per_gpu(doc["slotsPerGpu"]) if "slotsPerGpu" in doc else None,
+        extended_resources=_flag(doc.get("extendedResources", False), "extendedResources"),
+    )
     _check_product_names_consistent(config)
+    _check_slots(config)
     return config
+
+
+def _slots_per_gpu(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SLOTS:
+        raise ConfigError(f"slotsPerGpu: must be an integer in 1..{MAX_SLOTS}, got {value!r}")
+    return value
+
+
+def _flag(value: object, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: must be true or false, got {value!r}")
+    return value
+
+
+def _check_slots(config: NodeConfig) -> None:
+    """Every product must be a whole number of slots, or its DeviceClass could not name its
+    size (the admission policy writes ``portion * slots`` into each claim)."""
+    for product in config.all_products():
+        if (product.portion * config.slots).denominator != 1:
+            raise ConfigError(
+                f"slotsPerGpu: {config.slots} slots cannot hold product {product.name!r} "
+                f"({product.portion} of a GPU) in whole slots; use a multiple of "
+                f"{product.portion.denominator}"
+            )
 
 
 def _mapping(value: object, where: str, allowed: set[str]) -> dict[str, Any]:
@@ -329,7 +375,7 @@ def _override(value: object, where: str) -> GpuOverride:
             else None
         ),
         compute_mode=(
-            _choice(raw["computeMode"], COMPUTE_MODES, f"{where}.computeMode")
+            _choice(raw["computeMode"], COMPUTE_MODE_SETTINGS, f"{where}.computeMode")
             if "computeMode" in raw
             else None
         ),

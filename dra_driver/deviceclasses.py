@@ -2,16 +2,21 @@
 
 One class per product and compute mode, plus one per compute mode for the capacity model:
 
-- ``gpu-<product>`` selects product devices in ``time-slicing`` mode, ``gpu-<product>-sm-sharing``
-  those in ``sm-sharing`` mode (e.g. ``gpu-quarter``, ``gpu-quarter-sm-sharing``);
+- ``gpu-<product>`` selects products-model devices in ``time-slicing`` mode,
+  ``gpu-<product>-sm-sharing`` those in ``sm-sharing`` mode (e.g. ``gpu-quarter``,
+  ``gpu-quarter-sm-sharing``). The class chooses the device and the mode; the product's size
+  (its slots) is written into each claim by the sizing admission policy
+  (:mod:`dra_driver.sizing`), so a user never writes a size;
 - ``gpu-memory`` / ``gpu-memory-sm-sharing`` select capacity-model devices (a claim asks
   ``capacity.requests.memory``).
 
 Each class has one CEL selector on ``device.driver`` and the driver's attributes
-``fractionModel``, ``computeMode`` and (products) ``product``. The ``fractionModel`` test comes
+``fractionModel``, ``computeMode`` and (products) ``product``: ``*`` on the shared device of a
+GPU, the product's name on an extended-resource device. The ``fractionModel`` test comes
 before ``product``, so CEL's ``&&`` yields false rather than a missing-key error on capacity
 devices, which have no ``product`` attribute. Quota counts devices per class:
-``gpu-quarter.deviceclass.resource.k8s.io/devices``.
+``gpu-quarter.deviceclass.resource.k8s.io/devices``. With extended resources on, a product
+class also carries ``extendedResourceName`` ``<driver>/<product>[-sm-sharing]``.
 
 The shipped ``manifests/deviceclasses/*.yaml`` are the rendering of the default configuration
 for the default driver; regenerate them with ``python -m dra_driver.deviceclasses --write
@@ -32,7 +37,7 @@ import yaml
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.config import NodeConfig, default_node_config
 from dra_driver.errors import UsageError
-from dra_driver.vocabulary import COMPUTE_MODES, ComputeMode, FractionModel
+from dra_driver.vocabulary import ANY_PRODUCT, COMPUTE_MODES, ComputeMode, FractionModel
 
 DEFAULT_COMPUTE_MODE = ComputeMode.TIME_SLICING
 """The mode whose classes carry no mode suffix (``gpu-quarter``)."""
@@ -65,7 +70,7 @@ def selector_expression(driver: str, compute_mode: str, product: str | None) -> 
         f'{attrs}.fractionModel == "{model}"',
     ]
     if product is not None:
-        parts.append(f'{attrs}.product == "{product}"')
+        parts.append(f'({attrs}.product == "{ANY_PRODUCT}" || {attrs}.product == "{product}")')
     parts.append(f'{attrs}.computeMode == "{compute_mode}"')
     return " && ".join(parts)
 
@@ -74,8 +79,18 @@ def _label_value(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "-", text)[:63].strip("-_.") or "dra-driver"
 
 
-def device_class(driver: str, compute_mode: str, product: str | None) -> dict[str, Any]:
-    """One DeviceClass body (API JSON) for a product (None: the capacity model) and mode."""
+def extended_resource_name(driver: str, compute_mode: str, product: str) -> str:
+    """``<driver>/<product>`` (time-slicing) or ``<driver>/<product>-<mode>``: the extended
+    resource a pod may request instead of a claim (``resources.limits``)."""
+    suffix = "" if compute_mode == DEFAULT_COMPUTE_MODE else f"-{compute_mode}"
+    return f"{driver}/{product}{suffix}"
+
+
+def device_class(
+    driver: str, compute_mode: str, product: str | None, extended_resources: bool = False
+) -> dict[str, Any]:
+    """One DeviceClass body (API JSON) for a product (None: the capacity model) and mode;
+    product classes carry an ``extendedResourceName`` when ``extended_resources``."""
     labels = {
         "app.kubernetes.io/part-of": _label_value(driver),
         f"{driver}/fraction-model": str(
@@ -85,15 +100,16 @@ def device_class(driver: str, compute_mode: str, product: str | None) -> dict[st
     }
     if product is not None:
         labels[f"{driver}/product"] = product
+    spec: dict[str, Any] = {
+        "selectors": [{"cel": {"expression": selector_expression(driver, compute_mode, product)}}]
+    }
+    if product is not None and extended_resources:
+        spec["extendedResourceName"] = extended_resource_name(driver, compute_mode, product)
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "DeviceClass",
         "metadata": {"name": device_class_name(product, compute_mode), "labels": labels},
-        "spec": {
-            "selectors": [
-                {"cel": {"expression": selector_expression(driver, compute_mode, product)}}
-            ]
-        },
+        "spec": spec,
     }
 
 
@@ -114,11 +130,12 @@ def build_device_classes(
         UsageError: for an unknown compute mode.
     """
     config = config if config is not None else default_node_config()
+    extended = config.extended_resources
     for mode in compute_modes:
         if mode not in COMPUTE_MODES:
             raise UsageError(f"unknown compute mode {mode!r}; known: {', '.join(COMPUTE_MODES)}")
     classes = [
-        device_class(driver, mode, product.name)
+        device_class(driver, mode, product.name, extended)
         for product in config.all_products()
         for mode in compute_modes
     ]

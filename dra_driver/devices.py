@@ -7,29 +7,37 @@ stream all speak these types.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from fractions import Fraction
 
-from dra_driver.gpus.model import Gpu
+from dra_driver.gpus.model import MIB, Gpu
 
 
 @dataclass(frozen=True)
 class FractionDevice:
-    """One published device: a product fraction of a GPU, or a GPU's shared capacity device.
+    """One published device: a GPU in one compute mode, shared by the claims that get it.
+
+    Every device allows multiple allocations (each claim gets a share, with a share ID) and
+    consumes its GPU's counter set in full; the scheduler charges that once, at the first
+    share, so while one device of a GPU has shares no other device of that GPU is allocated:
+    a GPU serves one compute mode (and one device shape) at a time.
 
     Attributes:
-        name: device name in the pool, a DNS label: ``gpu-<index>-<product>-<n>`` (products)
-            or ``gpu-<index>`` (capacity).
+        name: device name in the pool, a DNS label: ``gpu-<index>-<mode>`` (the GPU in
+            ``mode``), ``gpu-<index>-<mode>-<product>`` (an extended-resource device), or for
+            checkpoints of older versions the names they published.
         gpu: the parent GPU.
-        fraction_model: ``products`` or ``capacity``.
-        product: product name (products model), else None.
-        portion: share of the card (products model), else None.
-        memory_bytes: the device's guaranteed memory: the product's memory (``portion`` x card,
-            rounded down to a whole MiB; the whole card for portion 1), or for the capacity
-            model the whole card (a claim's share is its ``consumedCapacity``).
-        compute_mode: ``time-slicing`` or ``sm-sharing`` (the GPU's mode).
-        counter_set: the counter set it consumes from (products model), else None.
-        slots: slots consumed from ``counter_set`` (products model), else 0.
+        fraction_model: ``products`` (capacity ``slots``: a claim's product is its share of
+            the slots) or ``capacity`` (capacity ``memory`` in bytes).
+        product: the one product an extended-resource device offers, else None.
+        portion: that product's share of the card, else None.
+        memory_bytes: the card's memory (a claim's share is its ``consumedCapacity``).
+        compute_mode: ``time-slicing`` or ``sm-sharing``: the mode of every claim it holds.
+        counter_set: the GPU's counter set (``gpu-<index>``), consumed in full.
+        slots: products model: slots of the whole GPU (``slotsPerGpu``), else 0.
+        sizes: products model: the slot counts a claim may take (one per offered product,
+            ascending; the ``validValues`` of the ``slots`` capacity), else empty.
     """
 
     name: str
@@ -41,6 +49,7 @@ class FractionDevice:
     compute_mode: str
     counter_set: str | None = None
     slots: int = 0
+    sizes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -49,3 +58,11 @@ class DeviceStatus:
 
     healthy: bool
     message: str
+
+
+def product_memory_bytes(gpu: Gpu, portion: Fraction) -> int:
+    """Guaranteed memory of a product: ``portion`` x card bytes rounded down to a whole MiB;
+    exactly the card for portion 1."""
+    if portion == 1:
+        return gpu.memory_bytes
+    return math.floor(portion * gpu.memory_bytes / MIB) * MIB

@@ -33,11 +33,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 from types import MappingProxyType
 from typing import Any
 
@@ -47,15 +45,15 @@ from dra_driver.config import (
     CapacityPolicy,
     GpuConfig,
     NodeConfig,
-    slots_for,
+    Product,
     warn_unmatched_selectors,
 )
 from dra_driver.configload import load_node_config
-from dra_driver.devices import FractionDevice
+from dra_driver.devices import FractionDevice, product_memory_bytes
 from dra_driver.errors import UsageError
-from dra_driver.gpus.model import MIB, Gpu, Inventory, pre_volta_reason
+from dra_driver.gpus.model import Gpu, Inventory, pre_volta_reason
 from dra_driver.quantities import canonical_quantity
-from dra_driver.vocabulary import TIERS, FractionModel, Tier
+from dra_driver.vocabulary import ANY_PRODUCT, TIERS, ComputeMode, FractionModel, Tier
 
 log = structlog.get_logger(__name__)
 
@@ -82,10 +80,17 @@ PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
 """Standard attribute carrying the parent GPU's PCI address."""
 
 MEMORY = "memory"
-"""Name of the ``memory`` counter (products model) and capacity (every device), in bytes."""
+"""Name of the capacity-model devices' consumable capacity, in bytes."""
 
 SLOTS = "slots"
-"""Name of the per-GPU ``slots`` counter (products model)."""
+"""Name of the products-model devices' consumable capacity: the GPU in ``slotsPerGpu`` equal
+slots; a product of portion ``p`` takes ``p * slotsPerGpu``."""
+
+GPU_COUNTER = "gpu"
+"""The one counter of a GPU's counter set (value 1). Each device of the GPU consumes all of
+it; the scheduler charges a device that allows multiple allocations once, at its first share
+(k8s.io/dynamic-resource-allocation, ``allocator_incubating.go``), so the GPU's devices
+exclude each other while one has shares, and each takes many shares."""
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 """Label set on every published slice; its value is the driver name."""
@@ -118,18 +123,9 @@ class OfferedGpu:
     devices: tuple[FractionDevice, ...]
 
     @property
-    def counter_set(self) -> str | None:
-        """Name of the GPU's counter set (products model), else None."""
-        return (
-            gpu_counter_set(self.gpu)
-            if self.config.fraction_model == FractionModel.PRODUCTS
-            else None
-        )
-
-    @property
-    def total_slots(self) -> int:
-        """Value of the ``slots`` counter: the common denominator of the products' portions."""
-        return slots_for(self.config.products)
+    def counter_set(self) -> str:
+        """Name of the GPU's counter set, which every device of the GPU consumes in full."""
+        return gpu_counter_set(self.gpu)
 
 
 @dataclass(frozen=True)
@@ -148,14 +144,6 @@ class Offer:
 def gpu_counter_set(gpu: Gpu) -> str:
     """Counter set name of a GPU: ``gpu-<index>`` (a DNS label)."""
     return f"gpu-{gpu.index}"
-
-
-def product_memory_bytes(gpu: Gpu, portion: Fraction) -> int:
-    """Guaranteed memory of a product: ``portion`` x card bytes rounded down to a whole MiB;
-    exactly the card for portion 1."""
-    if portion == 1:
-        return gpu.memory_bytes
-    return math.floor(portion * gpu.memory_bytes / MIB) * MIB
 
 
 def capacity_request_policy(memory_bytes: int, policy: CapacityPolicy) -> dict[str, Any] | None:
@@ -186,66 +174,88 @@ def capacity_request_policy(memory_bytes: int, policy: CapacityPolicy) -> dict[s
 def offer(inventory: Inventory, config: NodeConfig) -> Offer:
     """Decide which GPUs are offered and their devices. Pure; never raises for a GPU.
 
+    Per offered GPU and per compute mode it is offered in (both for ``computeMode: auto``),
+    one shared device ``gpu-<i>-<mode>``; with ``extendedResources`` also one device per
+    product before it (``gpu-<i>-<mode>-<product>``, listed first so that an extended-resource
+    claim, which takes a device's default, finds its product's device before the shared one).
+
     Excluded (not offered): MIG-enabled GPUs (MPS fractions need MIG off), GPUs older than Volta
     (compute capability < 7.0, :func:`~dra_driver.gpus.pre_volta_reason`), GPUs disabled by the
-    configuration (``enabled: false``), capacity-model GPUs smaller than ``minimum + step``.
-    Product devices whose rounded memory would be 0 bytes are left out.
+    configuration (``enabled: false``), capacity-model GPUs smaller than ``minimum + step``,
+    products-model GPUs on which every product would round to 0 bytes.
     """
     planned: list[OfferedGpu] = []
     excluded: list[ExcludedGpu] = []
     for gpu in sorted(inventory.gpus, key=lambda g: g.index):
         cfg = config.for_gpu(gpu)
-        if gpu.mig_enabled:
-            excluded.append(ExcludedGpu(gpu.index, gpu.uuid, "MIG mode is enabled"))
-            continue
-        too_old = pre_volta_reason(gpu.compute_capability)
-        if too_old:
-            excluded.append(ExcludedGpu(gpu.index, gpu.uuid, too_old))
-            continue
-        if not cfg.enabled:
-            excluded.append(ExcludedGpu(gpu.index, gpu.uuid, "disabled by node configuration"))
+        reason = _exclusion(gpu, cfg)
+        if reason:
+            excluded.append(ExcludedGpu(gpu.index, gpu.uuid, reason))
             continue
         if cfg.fraction_model == FractionModel.CAPACITY:
-            if capacity_request_policy(gpu.memory_bytes, cfg.capacity) is None:
-                reason = "card memory is smaller than capacity.minimum + capacity.step"
-                excluded.append(ExcludedGpu(gpu.index, gpu.uuid, reason))
-                continue
-            device = FractionDevice(
-                name=f"gpu-{gpu.index}",
-                gpu=gpu,
-                fraction_model=FractionModel.CAPACITY,
-                product=None,
-                portion=None,
-                memory_bytes=gpu.memory_bytes,
-                compute_mode=cfg.compute_mode,
-            )
-            planned.append(OfferedGpu(gpu, cfg, (device,)))
-            continue
-        total = slots_for(cfg.products)
-        devices: list[FractionDevice] = []
-        for product in cfg.products:
-            memory = product_memory_bytes(gpu, product.portion)
-            if memory <= 0:
-                continue
-            for n in range(product.count):
-                devices.append(
-                    FractionDevice(
-                        name=f"gpu-{gpu.index}-{product.name}-{n}",
-                        gpu=gpu,
-                        fraction_model=FractionModel.PRODUCTS,
-                        product=product.name,
-                        portion=product.portion,
-                        memory_bytes=memory,
-                        compute_mode=cfg.compute_mode,
-                        counter_set=gpu_counter_set(gpu),
-                        slots=int(product.portion * total),
-                    )
-                )
-        if devices:
-            planned.append(OfferedGpu(gpu, cfg, tuple(devices)))
+            devices = tuple(_device(gpu, mode, FractionModel.CAPACITY) for mode in cfg.modes)
         else:
-            excluded.append(ExcludedGpu(gpu.index, gpu.uuid, "no product fits the card"))
+            devices = _product_devices(gpu, cfg, config)
+        planned.append(OfferedGpu(gpu, cfg, devices))
     return Offer(tuple(planned), tuple(excluded))
+
+
+def _exclusion(gpu: Gpu, cfg: GpuConfig) -> str | None:
+    """Why ``gpu`` is not offered, or None."""
+    if gpu.mig_enabled:
+        return "MIG mode is enabled"
+    too_old = pre_volta_reason(gpu.compute_capability)
+    if too_old:
+        return too_old
+    if not cfg.enabled:
+        return "disabled by node configuration"
+    if cfg.fraction_model == FractionModel.CAPACITY:
+        if capacity_request_policy(gpu.memory_bytes, cfg.capacity) is None:
+            return "card memory is smaller than capacity.minimum + capacity.step"
+    elif not _fitting_products(gpu, cfg):
+        return "no product fits the card"
+    return None
+
+
+def _fitting_products(gpu: Gpu, cfg: GpuConfig) -> list[Product]:
+    return [p for p in cfg.products if product_memory_bytes(gpu, p.portion) > 0]
+
+
+def _device(
+    gpu: Gpu,
+    mode: ComputeMode,
+    model: FractionModel,
+    slots: int = 0,
+    sizes: tuple[int, ...] = (),
+    product: Product | None = None,
+) -> FractionDevice:
+    suffix = f"-{product.name}" if product is not None else ""
+    return FractionDevice(
+        name=f"gpu-{gpu.index}-{mode}{suffix}",
+        gpu=gpu,
+        fraction_model=model,
+        product=product.name if product is not None else None,
+        portion=product.portion if product is not None else None,
+        memory_bytes=gpu.memory_bytes,
+        compute_mode=mode,
+        counter_set=gpu_counter_set(gpu),
+        slots=slots,
+        sizes=sizes,
+    )
+
+
+def _product_devices(gpu: Gpu, cfg: GpuConfig, config: NodeConfig) -> tuple[FractionDevice, ...]:
+    total = config.slots
+    products = _fitting_products(gpu, cfg)
+    sizes = tuple(sorted({int(p.portion * total) for p in products}))
+    devices: list[FractionDevice] = []
+    for mode in cfg.modes:
+        if config.extended_resources:
+            for p in products:
+                size = (int(p.portion * total),)
+                devices.append(_device(gpu, mode, FractionModel.PRODUCTS, total, size, p))
+        devices.append(_device(gpu, mode, FractionModel.PRODUCTS, total, sizes))
+    return tuple(devices)
 
 
 def offered_devices(inventory: Inventory, config: NodeConfig) -> list[FractionDevice]:
@@ -304,6 +314,8 @@ def _device_attributes(device: FractionDevice, enforcement: str) -> dict[str, An
     if device.product is not None and device.portion is not None:
         attrs["product"] = _string(device.product)
         attrs["portion"] = _string(str(device.portion))
+    elif device.fraction_model == FractionModel.PRODUCTS:
+        attrs["product"] = _string(ANY_PRODUCT)
     attrs[PCI_BUS_ID_ATTRIBUTE] = _string(gpu.pci_bus_id)
     return attrs
 
@@ -312,38 +324,31 @@ def _device_body(device: FractionDevice, planned: OfferedGpu, enforcement: str) 
     body: dict[str, Any] = {
         "name": device.name,
         "attributes": _device_attributes(device, enforcement),
+        "allowMultipleAllocations": True,
     }
     if device.fraction_model == FractionModel.CAPACITY:
         policy = capacity_request_policy(device.gpu.memory_bytes, planned.config.capacity)
-        assert policy is not None  # plan() excludes GPUs without a valid policy
+        assert policy is not None  # offer() excludes GPUs without a valid policy
         body["capacity"] = {
             MEMORY: {"value": canonical_quantity(device.memory_bytes), "requestPolicy": policy}
         }
-        body["allowMultipleAllocations"] = True
     else:
-        assert device.counter_set is not None
-        body["capacity"] = {MEMORY: {"value": canonical_quantity(device.memory_bytes)}}
-        body["consumesCounters"] = [
-            {
-                "counterSet": device.counter_set,
-                "counters": {
-                    MEMORY: {"value": canonical_quantity(device.memory_bytes)},
-                    SLOTS: {"value": canonical_quantity(device.slots, binary=False)},
-                },
+        values = [canonical_quantity(s, binary=False) for s in device.sizes]
+        body["capacity"] = {
+            SLOTS: {
+                "value": canonical_quantity(device.slots, binary=False),
+                "requestPolicy": {"default": values[-1], "validValues": values},
             }
-        ]
+        }
+    assert device.counter_set is not None
+    body["consumesCounters"] = [
+        {"counterSet": device.counter_set, "counters": {GPU_COUNTER: {"value": "1"}}}
+    ]
     return body
 
 
 def _counter_set_body(planned: OfferedGpu) -> dict[str, Any]:
-    assert planned.counter_set is not None
-    return {
-        "name": planned.counter_set,
-        "counters": {
-            MEMORY: {"value": canonical_quantity(planned.gpu.memory_bytes)},
-            SLOTS: {"value": canonical_quantity(planned.total_slots, binary=False)},
-        },
-    }
+    return {"name": planned.counter_set, "counters": {GPU_COUNTER: {"value": "1"}}}
 
 
 def slice_name(node: str, driver: str, n: int) -> str:
@@ -435,7 +440,7 @@ def build_slices(
     result = offer(inventory, config)
     log_exclusions(inventory, result, key=f"{driver}/{node}")
 
-    counter_sets = [_counter_set_body(g) for g in result.gpus if g.counter_set is not None]
+    counter_sets = [_counter_set_body(g) for g in result.gpus]
     groups: list[tuple[str, list[dict[str, Any]]]] = [
         ("sharedCounters", counter_sets[i : i + MAX_COUNTER_SETS_PER_SLICE])
         for i in range(0, len(counter_sets), MAX_COUNTER_SETS_PER_SLICE)

@@ -51,3 +51,14 @@ TIERS: tuple[Tier, ...] = tuple(Tier)
 
 FRACTION_MODELS: tuple[FractionModel, ...] = tuple(FractionModel)
 """All fraction models."""
+
+ANY_PRODUCT = "*"
+"""``product`` attribute of a GPU's shared products device: it serves every product the GPU
+offers (an extended-resource device names its one product instead)."""
+
+AUTO_COMPUTE_MODE = "auto"
+"""Node-configuration value for a GPU whose compute mode follows its claims: it publishes one
+device per mode, and the scheduler gives it claims of one mode at a time."""
+
+COMPUTE_MODE_SETTINGS: tuple[str, ...] = (AUTO_COMPUTE_MODE, *COMPUTE_MODES)
+"""Values of ``computeMode`` in the node configuration: ``auto`` or one pinned mode."""

@@ -59,8 +59,8 @@ def wait_for(condition: Any, timeout: float = 5.0) -> None:
 
 
 def test_hung_claim_reads_fail_alone_within_the_budget(node: Node) -> None:
-    good = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
-    hung = [cf.claim([cf.result(node.device(1, "eighth"), NODE)]) for _ in range(9)]
+    good = cf.claim([node.share(0, "quarter")])
+    hung = [cf.claim([node.share(1, "eighth")]) for _ in range(9)]
     for c in (good, *hung):
         node.claims.add(c)
     for c in hung:
@@ -79,7 +79,7 @@ def test_hung_claim_reads_fail_alone_within_the_budget(node: Node) -> None:
 
 
 def test_a_hung_read_is_sent_once(node: Node) -> None:
-    claim = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
+    claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
     node.claims.hang(claim)
     driver = node.driver()
@@ -92,8 +92,8 @@ def test_a_hung_read_is_sent_once(node: Node) -> None:
 
 
 def test_the_prepare_lock_is_not_held_while_a_claim_is_read(node: Node) -> None:
-    hung = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
-    other = cf.claim([cf.result(node.device(1, "quarter"), NODE)])
+    hung = cf.claim([node.share(0, "quarter")])
+    other = cf.claim([node.share(1, "quarter")])
     node.claims.add(hung)
     node.claims.add(other)
     node.claims.hang(hung)
@@ -138,7 +138,7 @@ def test_lock_wait_is_bounded(node: Node, other_instance: int) -> None:
 def test_a_call_that_cannot_get_the_lock_in_its_budget_fails_clearly(
     node: Node, other_instance: int
 ) -> None:
-    claim = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
+    claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
     driver = node.driver()
     driver.call_budget = 1.0
@@ -192,7 +192,7 @@ class MpsNode:
 
 def test_hung_mps_daemon_fails_the_claim_within_the_budget(node: Node) -> None:
     mps = MpsNode(node)
-    claim = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
+    claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
     driver = mps.driver()
     driver.call_budget = 2.0
@@ -221,7 +221,7 @@ def test_hung_daemon_of_one_mode_fails_only_the_claims_that_need_it(mixed_node: 
             )
         ]
     )
-    ts = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
+    ts = cf.claim([node.share(0, "quarter")])
     node.claims.add(sm)
     node.claims.add(ts)
     driver = mps.driver()
@@ -239,7 +239,7 @@ def test_hung_daemon_of_one_mode_fails_only_the_claims_that_need_it(mixed_node: 
 
 def test_unprepare_with_a_hung_daemon_answers_within_the_budget(node: Node) -> None:
     mps = MpsNode(node)
-    claim = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
+    claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
     driver = mps.driver()
     assert driver.prepare([ref(claim)])[uid(claim)].error == ""
@@ -260,7 +260,7 @@ def test_unprepare_with_a_hung_daemon_answers_within_the_budget(node: Node) -> N
 
 def test_start_up_does_not_wait_for_a_hung_daemon(node: Node) -> None:
     mps = MpsNode(node)
-    claim = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
+    claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
     first = mps.driver()
     assert first.prepare([ref(claim)])[uid(claim)].error == ""
@@ -283,7 +283,7 @@ def test_start_up_does_not_wait_for_a_hung_daemon(node: Node) -> None:
 
 def test_health_check_with_a_hung_daemon_is_bounded_and_reports_it(node: Node) -> None:
     mps = MpsNode(node)
-    claim = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
+    claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
     driver = mps.driver()
     assert driver.prepare([ref(claim)])[uid(claim)].error == ""
@@ -306,7 +306,7 @@ def test_metrics_scrape_with_a_hung_daemon_is_bounded(
     node: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     mps = MpsNode(node)
-    claim = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
+    claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
     driver = mps.driver()
     assert driver.prepare([ref(claim)])[uid(claim)].error == ""
@@ -324,7 +324,7 @@ def test_metrics_scrape_with_a_hung_daemon_is_bounded(
 
 def test_prepare_waits_for_a_busy_enforcer_only_within_its_budget(node: Node) -> None:
     mps = MpsNode(node)
-    claim = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
+    claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
     driver = mps.driver()
     driver.call_budget = 1.0

@@ -193,7 +193,7 @@ def test_render_slices_bad_node_name_is_a_clear_error() -> None:
 
 
 def test_status_lists_prepared_claims(node: Node) -> None:
-    claim = cf.claim([cf.result(node.device(0, "quarter"), "node-a")])
+    claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
     m = claim["metadata"]
     driver = node.driver()

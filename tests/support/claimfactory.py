@@ -18,12 +18,15 @@ def result(
     driver: str = DRIVER,
     share_id: str | None = None,
     memory: str | None = None,
+    slots: str | None = None,
 ) -> dict[str, Any]:
     r: dict[str, Any] = {"request": request, "driver": driver, "pool": pool, "device": device}
     if share_id:
         r["shareID"] = share_id
     if memory:
         r["consumedCapacity"] = {"memory": memory}
+    if slots:
+        r["consumedCapacity"] = {"slots": slots}
     return r
 
 

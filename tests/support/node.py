@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import tempfile
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.budget import STARTUP_BUDGET_S
 from dra_driver.claims import ApiClaimReader
-from dra_driver.config import NodeConfig
+from dra_driver.config import DEFAULT_PRODUCTS, NodeConfig
 from dra_driver.devicehealth import device_health
+from dra_driver.devices import DeviceStatus, FractionDevice
 from dra_driver.gpus import SimulatedGpuSource, simnode
-from dra_driver.kubelet.health import DeviceStatus
 from dra_driver.locking import PrepareLock
 from dra_driver.mps import FractionEnforcer, RecordingEnforcer
 from dra_driver.preparation import ClaimPreparation
-from dra_driver.slices import FractionDevice, offered_devices
+from dra_driver.slices import offered_devices
+from dra_driver.vocabulary import FractionModel
+from tests.support import claimfactory as cf
 from tests.support.apiserver_stub import ClaimServer
 from tests.support.nodedirs import NodeDirs
 
@@ -77,11 +81,37 @@ class Node(NodeDirs):
         d.start()
         return d
 
-    def device(self, gpu: int, product: str | None) -> str:
-        """Name of the first device of ``product`` (None: capacity device) on GPU ``gpu``."""
+    def device(self, gpu: int, product: str | None, mode: str | None = None) -> str:
+        """Name of the device a claim for ``product`` (None: the capacity model) gets on GPU
+        ``gpu``: the GPU's shared device in ``mode`` (default: the first one offered)."""
+        model = FractionModel.CAPACITY if product is None else FractionModel.PRODUCTS
         return next(
-            d.name for d in self.devices.values() if d.gpu.index == gpu and d.product == product
+            d.name
+            for d in self.devices.values()
+            if d.gpu.index == gpu
+            and d.fraction_model == model
+            and d.product is None
+            and (mode is None or d.compute_mode == mode)
         )
+
+    def share(
+        self,
+        gpu: int,
+        product: str | None,
+        request: str = "gpu",
+        mode: str | None = None,
+        memory: str | None = None,
+    ) -> dict[str, Any]:
+        """An allocation result as the scheduler writes it for one claim of ``product`` (None:
+        ``memory`` of the capacity model) on GPU ``gpu``: the shared device, a fresh share ID
+        and the consumed ``slots`` (``portion * slotsPerGpu``) or ``memory``."""
+        device = self.devices[self.device(gpu, product, mode)]
+        share = str(uuid.uuid4())
+        if product is None:
+            return cf.result(device.name, NODE, request=request, share_id=share, memory=memory)
+        portion = next(p.portion for p in DEFAULT_PRODUCTS if p.name == product)
+        slots = str(int(portion * device.slots))
+        return cf.result(device.name, NODE, request=request, share_id=share, slots=slots)
 
 
 MIXED_CONFIG = {
@@ -89,7 +119,7 @@ MIXED_CONFIG = {
     "kind": "NodeConfig",
     "gpus": [{"selector": {"index": 1}, "fractionModel": "capacity", "computeMode": "sm-sharing"}],
 }
-"""GPU 0: products, time-slicing (defaults); GPU 1: capacity model, sm-sharing."""
+"""GPU 0: products, compute mode auto (defaults); GPU 1: capacity model, pinned to sm-sharing."""
 
 
 def make_node(config: NodeConfig) -> Iterator[Node]:

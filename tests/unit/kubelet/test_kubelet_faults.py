@@ -27,7 +27,7 @@ from dra_driver.kubelet.health import MAX_HEALTH_STREAMS
 from dra_driver.kubelet.server import PluginServer
 from tests.support import claimfactory as cf
 from tests.support.kubelet import Kubelet, serving
-from tests.support.node import NODE, Node
+from tests.support.node import Node
 from tests.unit.kubelet.test_plugin_grpc import ref
 
 Served = tuple[Node, PluginServer, Kubelet]
@@ -59,7 +59,7 @@ def open_streams(kubelet: Kubelet, count: int) -> tuple[list[Any], list[grpc.Rpc
 
 
 def timed_prepare(node: Node, kubelet: Kubelet) -> float:
-    claim = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
+    claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
     started = time.monotonic()
     reply = kubelet.v1.NodePrepareResources(

@@ -98,7 +98,7 @@ def test_prepare_and_unprepare_a_quarter(served: Served, version: str) -> None:
 
 def test_repeated_prepare_is_idempotent_and_cheap(served: Served) -> None:
     node, _, kubelet = served
-    claim = cf.claim([cf.result(node.device(1, "half"), NODE)])
+    claim = cf.claim([node.share(1, "half")])
     node.claims.add(claim)
     uid = claim["metadata"]["uid"]
     first = prepare(kubelet, claim)[uid]
@@ -133,7 +133,7 @@ def test_limit_from_claim_config_and_share_of_card(served: Served) -> None:
 
 def test_each_bad_claim_fails_alone(served: Served) -> None:
     node, _, kubelet = served
-    good = cf.claim([cf.result(node.device(0, "eighth"), NODE)])
+    good = cf.claim([node.share(0, "eighth")])
     quarter = node.device(1, "quarter")
     bad = {
         "not found": cf.claim([cf.result(quarter, NODE)]),
@@ -191,7 +191,7 @@ def test_malformed_uid_is_refused_before_any_file(served: Served) -> None:
 
 def test_enforcer_failure_leaves_nothing(served: Served) -> None:
     node, _, kubelet = served
-    claim = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
+    claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
     node.enforcer.fail_for.add(claim["metadata"]["uid"])
     reply = prepare(kubelet, claim)[claim["metadata"]["uid"]]
@@ -200,7 +200,7 @@ def test_enforcer_failure_leaves_nothing(served: Served) -> None:
 
 
 def test_restart_between_prepare_and_unprepare(node: Node) -> None:
-    claim = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
+    claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
     uid = claim["metadata"]["uid"]
     from dra_driver.claimplan import ClaimRef
@@ -219,7 +219,7 @@ def test_restart_between_prepare_and_unprepare(node: Node) -> None:
 
 
 def test_new_boot_discards_checkpoint_and_sweeps_cdi(node: Node) -> None:
-    claim = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
+    claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
     uid = claim["metadata"]["uid"]
     from dra_driver.claimplan import ClaimRef
@@ -235,7 +235,7 @@ def test_new_boot_discards_checkpoint_and_sweeps_cdi(node: Node) -> None:
 
 
 def test_corrupt_checkpoint_is_kept_aside_and_specs_kept(node: Node) -> None:
-    claim = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
+    claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
     uid = claim["metadata"]["uid"]
     from dra_driver.claimplan import ClaimRef

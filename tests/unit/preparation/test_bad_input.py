@@ -28,9 +28,10 @@ from tests.support.node import MIXED_CONFIG, NODE, Node, make_node
 MIB_TEXT = "9" * 2**20
 """A 1 MiB value."""
 SHARE = "3f1c2b9a-0d4e-4c7b-9a51-5e2f8d6c7b10"
-GOOD_DEVICE = "gpu-0-eighth-0"
-PRODUCT = "gpu-0-quarter-0"
-CAPACITY = "gpu-1"
+GOOD_DEVICE = "gpu-0-time-slicing"
+GOOD_SHARE = "9d8c7b6a-5f4e-4d3c-8b2a-1f0e9d8c7b6a"
+PRODUCT = "gpu-0-time-slicing"
+CAPACITY = "gpu-1-sm-sharing"
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,8 @@ class Sent:
 
 def product_claim(**params: Any) -> dict[str, Any]:
     configs = [cf.opaque(**params)] if params else []
-    return cf.claim([cf.result(PRODUCT, NODE)], configs)
+    share = str(uuid.uuid4())
+    return cf.claim([cf.result(PRODUCT, NODE, share_id=share, slots="2")], configs)
 
 
 def share_claim(**params: Any) -> dict[str, Any]:
@@ -359,12 +361,12 @@ CASES: dict[str, tuple[Callable[[], Sent], str]] = {
     "shareID empty": (lambda: share_with(""), "is not a DNS label"),
     "shareID upper case": (lambda: share_with(SHARE.upper()), "is not a DNS label"),
     "shareID too long": (lambda: share_with("a" * 64), "is not a DNS label"),
-    "shareID on an exclusive device": (
-        lambda: share_with(SHARE, PRODUCT),
-        "does not allow multiple allocations",
+    "no shareID on a shared device": (
+        lambda: edited(lambda c: result0(c).pop("shareID")),
+        "has no shareID",
     ),
-    "device of the good claim": (
-        lambda: edited(set_in((*R0, "device"), GOOD_DEVICE)),
+    "share of the good claim": (
+        lambda: edited(set_in((*R0, "shareID"), GOOD_SHARE)),
         "is already prepared for claim",
     ),
     # request-level hostility: identities the kubelet would never send
@@ -416,7 +418,7 @@ def serve(node: Node, *sent: Sent) -> None:
 
 
 def good_claim(node: Node) -> Sent:
-    claim = cf.claim([cf.result(GOOD_DEVICE, NODE)])
+    claim = cf.claim([cf.result(GOOD_DEVICE, NODE, share_id=GOOD_SHARE, slots="2")])
     node.claims.add(claim)
     m = claim["metadata"]
     return Sent(m["namespace"], m["name"], m["uid"], body=claim)
@@ -519,14 +521,14 @@ def test_numeric_share_id_fails_its_claim_alone_and_leaves_nothing(
         assert_only(node, good)
 
 
-def test_exclusive_device_is_never_prepared_for_a_second_claim(
+def test_a_share_is_never_prepared_for_a_second_claim(
     hostile: tuple[Node, Kubelet],
 ) -> None:
     node, kubelet = hostile
     good = good_claim(node)
     assert send(kubelet, good)[good.uid].error == ""
-    for share_id in (None, SHARE):
-        second = cf.claim([cf.result(GOOD_DEVICE, NODE, share_id=share_id)])
+    for share_id in (None, GOOD_SHARE):
+        second = cf.claim([cf.result(GOOD_DEVICE, NODE, share_id=share_id, slots="2")])
         node.claims.add(second)
         [sent] = [Sent("default", second["metadata"]["name"], second["metadata"]["uid"])]
         error = send(kubelet, sent)[sent.uid].error

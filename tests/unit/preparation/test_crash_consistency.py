@@ -26,7 +26,7 @@ from dra_driver.preparation import ClaimPreparation
 from tests.support import claimfactory as cf
 from tests.support.crashcheck import ABSENT, PREPARED, claim_state, pipe_dirs, spec_path
 from tests.support.fakes import plans
-from tests.support.node import NODE, Node
+from tests.support.node import Node
 
 
 class Killed(BaseException):
@@ -66,11 +66,11 @@ def state(node: Node, claim: dict[str, Any]) -> str:
 def claims(node: Node) -> list[dict[str, Any]]:
     """A single-GPU claim and a claim with a device on each GPU (its own MPS server)."""
     made = [
-        cf.claim([cf.result(node.device(0, "quarter"), NODE)]),
+        cf.claim([node.share(0, "quarter")]),
         cf.claim(
             [
-                cf.result(node.device(0, "eighth"), NODE),
-                cf.result(node.device(1, "eighth"), NODE),
+                node.share(0, "eighth"),
+                node.share(1, "eighth"),
             ]
         ),
     ]

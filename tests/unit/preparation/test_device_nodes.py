@@ -13,7 +13,7 @@ from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.claimplan import ClaimRef
 from dra_driver.preparation import PrepareOutcome
 from tests.support import claimfactory as cf
-from tests.support.node import NODE, Node
+from tests.support.node import Node
 
 
 def _prepare(node: Node, *claims: dict[str, Any]) -> dict[str, PrepareOutcome]:
@@ -35,8 +35,8 @@ def _specs(node: Node) -> list[str]:
 
 def test_missing_gpu_node_fails_that_gpus_claim_and_leaves_nothing(node: Node) -> None:
     (node.device_root / "dev/nvidia1").unlink()
-    bad = cf.claim([cf.result(node.device(1, "quarter"), NODE)])
-    good = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
+    bad = cf.claim([node.share(1, "quarter")])
+    good = cf.claim([node.share(0, "quarter")])
     gpu1 = node.devices[node.device(1, "quarter")].gpu
     out = _prepare(node, bad, good)
     error = out[bad["metadata"]["uid"]].error
@@ -53,7 +53,7 @@ def test_missing_gpu_node_fails_that_gpus_claim_and_leaves_nothing(node: Node) -
 
 def test_missing_control_node_fails_the_claim(node: Node) -> None:
     (node.device_root / "dev/nvidia-uvm").unlink()
-    claim = cf.claim([cf.result(node.device(1, "quarter"), NODE)])
+    claim = cf.claim([node.share(1, "quarter")])
     gpu1 = node.devices[node.device(1, "quarter")].gpu
     error = _prepare(node, claim)[claim["metadata"]["uid"]].error
     assert error.startswith(

@@ -35,7 +35,7 @@ def on_disk(node: Node) -> set[str]:
 
 
 def test_failed_checkpoint_write_on_unprepare_keeps_the_claim_for_the_retry(node: Node) -> None:
-    claim = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
+    claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
     driver = node.driver()
     uid = claim["metadata"]["uid"]
@@ -52,11 +52,11 @@ def test_failed_checkpoint_write_on_unprepare_keeps_the_claim_for_the_retry(node
 
 
 def test_one_bad_claim_does_not_abort_the_batch(node: Node) -> None:
-    good = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
-    huge = cf.claim([cf.result(node.device(1, "quarter"), NODE)], [cf.opaque(memoryLimit="1e5000")])
-    no_request = cf.claim([cf.result(node.device(1, "half"), NODE)])
+    good = cf.claim([node.share(0, "quarter")])
+    huge = cf.claim([node.share(1, "quarter")], [cf.opaque(memoryLimit="1e5000")])
+    no_request = cf.claim([node.share(1, "half")])
     del no_request["status"]["allocation"]["devices"]["results"][0]["request"]
-    bad_opaque = cf.claim([cf.result(node.device(1, "eighth"), NODE)])
+    bad_opaque = cf.claim([node.share(1, "eighth")])
     bad_opaque["status"]["allocation"]["devices"]["config"] = [{"source": "FromClaim", "opaque": 7}]
     for c in (good, huge, no_request, bad_opaque):
         node.claims.add(c)
@@ -72,9 +72,7 @@ def test_one_bad_claim_does_not_abort_the_batch(node: Node) -> None:
 
 
 def test_huge_exponent_is_refused_quickly(node: Node) -> None:
-    claim = cf.claim(
-        [cf.result(node.device(0, "quarter"), NODE)], [cf.opaque(memoryLimit="1e1000000")]
-    )
+    claim = cf.claim([node.share(0, "quarter")], [cf.opaque(memoryLimit="1e1000000")])
     node.claims.add(claim)
     driver = node.driver()
     started = time.monotonic()
@@ -89,12 +87,12 @@ class Unreachable:
 
 
 def test_api_server_down_fails_new_claims_alone_and_serves_prepared_ones(node: Node) -> None:
-    prepared = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
+    prepared = cf.claim([node.share(0, "quarter")])
     node.claims.add(prepared)
     driver = node.driver()
     assert driver.prepare([ref(prepared)])[prepared["metadata"]["uid"]].error == ""
     driver.reader = Unreachable()
-    new = cf.claim([cf.result(node.device(1, "quarter"), NODE)])
+    new = cf.claim([node.share(1, "quarter")])
     out = driver.prepare([ref(prepared), ref(new)])
     assert out[prepared["metadata"]["uid"]].devices
     assert "connection refused" in out[new["metadata"]["uid"]].error
@@ -120,7 +118,7 @@ def test_checksummed_record_without_a_plan_is_corrupt(tmp_path: Path) -> None:
 
 
 def test_plans_from_a_newer_version_still_load(node: Node) -> None:
-    claim = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
+    claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
     driver = node.driver()
     driver.prepare([ref(claim)])
@@ -132,7 +130,7 @@ def test_plans_from_a_newer_version_still_load(node: Node) -> None:
 
 
 def test_corrupt_checkpoint_leaves_enforcement_alone(node: Node) -> None:
-    claim = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
+    claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
     driver = node.driver()
     driver.prepare([ref(claim)])
@@ -160,7 +158,7 @@ def test_temp_files_of_killed_writes_are_swept(node: Node) -> None:
 
 
 def test_duplicate_claim_in_one_request_is_applied_once(node: Node) -> None:
-    claim = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
+    claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
     driver = node.driver()
     out = driver.prepare([ref(claim), ref(claim)])
@@ -172,7 +170,7 @@ def test_duplicate_claim_in_one_request_is_applied_once(node: Node) -> None:
 
 
 def test_cdi_write_failure_names_the_cdi_root(node: Node) -> None:
-    claim = cf.claim([cf.result(node.device(0, "quarter"), NODE)])
+    claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
     driver = node.driver()
     with mock.patch("dra_driver.cdifiles.write_atomic", side_effect=OSError(28, "No space left")):
