@@ -64,6 +64,10 @@ app.kubernetes.io/component: kubelet-plugin
 {{- $doc := deepCopy (.Values.nodeConfig | default dict) -}}
 {{- $_ := set $doc "apiVersion" "gpu-fraction.dra.dev/v1alpha1" -}}
 {{- $_ := set $doc "kind" "NodeConfig" -}}
+{{- $_ := set $doc "slotsPerGpu" (int .Values.slotsPerGpu) -}}
+{{- if .Values.extendedResources.enabled -}}
+{{- $_ := set $doc "extendedResources" true -}}
+{{- end -}}
 {{- if .Values.products -}}
 {{- $_ := set $doc "products" .Values.products -}}
 {{- end -}}
@@ -74,20 +78,20 @@ app.kubernetes.io/component: kubelet-plugin
      NodeConfig.all_products), as a JSON list of {name, portion}. Without top-level products
      the plugin's built-in defaults apply, so their names are used. */}}
 {{- define "gfd.allProducts" -}}
-{{- $defaults := list (dict "name" "eighth") (dict "name" "quarter") (dict "name" "half") (dict "name" "full") -}}
+{{- $defaults := list (dict "name" "eighth" "portion" "1/8") (dict "name" "quarter" "portion" "1/4") (dict "name" "half" "portion" "1/2") (dict "name" "full" "portion" "1") -}}
 {{- $all := list -}}
 {{- $seen := dict -}}
 {{- range (.Values.products | default $defaults) -}}
 {{- if not (hasKey $seen .name) -}}
 {{- $_ := set $seen .name true -}}
-{{- $all = append $all (dict "name" .name) -}}
+{{- $all = append $all (dict "name" .name "portion" (toString .portion)) -}}
 {{- end -}}
 {{- end -}}
 {{- range ((.Values.nodeConfig | default dict).gpus | default list) -}}
 {{- range (.products | default list) -}}
 {{- if not (hasKey $seen .name) -}}
 {{- $_ := set $seen .name true -}}
-{{- $all = append $all (dict "name" .name) -}}
+{{- $all = append $all (dict "name" .name "portion" (toString .portion)) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
@@ -119,4 +123,28 @@ app.kubernetes.io/component: kubelet-plugin
 {{- if lt (int .Values.metricsPort) 0 -}}
 {{- fail "metricsPort must be >= 0 (0: no metrics endpoint and no probes)" -}}
 {{- end -}}
+{{- end -}}
+
+{{/* Slots a product of portion .portion ("a/b", "1" or a decimal such as "0.25") takes of
+     .slots (slotsPerGpu); fails when that is not a whole number (as the plugin refuses it). */}}
+{{- define "gfd.slotsOf" -}}
+{{- $p := toString .portion -}}
+{{- $num := 0 -}}
+{{- $den := 1 -}}
+{{- if contains "/" $p -}}
+{{- $parts := splitList "/" $p -}}
+{{- $num = index $parts 0 | int -}}
+{{- $den = index $parts 1 | int -}}
+{{- else if contains "." $p -}}
+{{- $parts := splitList "." $p -}}
+{{- $frac := index $parts 1 -}}
+{{- $den = int (repeat (len $frac) "0" | printf "1%s") -}}
+{{- $num = add (mul (index $parts 0 | int) $den) (int (trimPrefix "0" $frac | default "0")) -}}
+{{- else -}}
+{{- $num = int $p -}}
+{{- end -}}
+{{- if or (le $den 0) (ne (mod (mul $num .slots) $den) 0) -}}
+{{- fail (printf "slotsPerGpu: %d slots cannot hold product %q (%s of a GPU) in whole slots" .slots .name $p) -}}
+{{- end -}}
+{{- div (mul $num .slots) $den -}}
 {{- end -}}
