@@ -50,15 +50,18 @@ NODE_LABEL = "gpu-fraction.dra.dev/e2e-node"
 WORKLOAD_IMAGE = "localhost/busybox:1.35.0"
 GPUS = "simulated:H200x12"
 NODE_CONFIG: dict[str, Any] = {
-    # GPUs 0-3: products, time-slicing (the defaults); 4-7: capacity, sm-sharing;
-    # 8-11: products, sm-sharing.
+    # GPUs 0-3: products pinned to time-slicing; 4-7: capacity, sm-sharing; 8-11: products,
+    # sm-sharing (pinned, so each test knows where a claim of a class lands; the default mode
+    # "auto" is tested on kubelet-less nodes in test_e2e_modes). Extended-resource devices on.
+    "extendedResources": True,
     "gpus": [
+        *({"selector": {"index": i}, "computeMode": "time-slicing"} for i in range(0, 4)),
         *(
             {"selector": {"index": i}, "fractionModel": "capacity", "computeMode": "sm-sharing"}
             for i in range(4, 8)
         ),
         *({"selector": {"index": i}, "computeMode": "sm-sharing"} for i in range(8, 12)),
-    ]
+    ],
 }
 TIME_SLICING_GPUS = range(0, 4)
 CAPACITY_GPUS = range(4, 8)
@@ -249,6 +252,9 @@ def driver_values(control_plane: Any) -> dict[str, Any]:
         # Admission warns instead of refusing, so that claims the plugin must refuse reach
         # it (test_e2e_errors); test_e2e_install checks the refusing policy.
         "policies": {"claimParametersActions": ["Warn"]},
+        # Product classes carry extendedResourceName (test_e2e_modes); the node config above
+        # turns the extended-resource devices on.
+        "extendedResources": {"enabled": True},
     }
 
 

@@ -1,0 +1,311 @@
+"""The published model with the real scheduler: the compute mode follows the claims per GPU,
+the class alone chooses the size, quota per product, extended resources.
+
+Mode and packing tests run on kubelet-less nodes of this test (a Node object, tainted so that
+no other test's pod lands there, and the slices ``render-slices`` prints for it, published
+through the API): the real kube-scheduler allocates the claims exactly as on a real node,
+and nothing needs to run. The DeviceClasses and the sizing admission policy are the ones the
+session's chart installed. Extended resources run on the session's real nodes (kubelet,
+containerd, the plugin installed by the chart).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from dra_driver.config import default_node_config
+from dra_driver.gpus import SimulatedGpuSource
+from dra_driver.slices import build_slices
+from tests.e2e.plugin_fixtures import (
+    DRIVER,
+    E2E,
+    TIME_SLICING_GPUS,
+    check_prepared,
+    raw,
+    short_id,
+    unschedulable,
+    wait_for,
+)
+
+pytestmark = pytest.mark.e2e
+
+VIRTUAL_TAINT = "gpu-fraction.dra.dev/kubelet-less"
+_DEVICE = re.compile(r"gpu-(?P<gpu>[0-9]+)-(?P<mode>time-slicing|sm-sharing)(-.*)?")
+
+
+class VirtualNode:
+    """A kubelet-less node with ``gpus`` simulated H200s published as the plugin would."""
+
+    def __init__(self, e2e: E2E, gpus: int) -> None:
+        self.e2e = e2e
+        self.name = f"vnode-{short_id()}"
+        self.gpus = gpus
+        node = {
+            "metadata": {"name": self.name, "labels": {"kubernetes.io/hostname": self.name}},
+            "spec": {"taints": [{"key": VIRTUAL_TAINT, "effect": "NoSchedule"}]},
+        }
+        e2e.core.create_node(k8s.V1Node.from_dict(node))
+        status = {
+            "status": {
+                "conditions": [{"type": "Ready", "status": "True", "reason": "Test"}],
+                "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "250"},
+                "capacity": {"cpu": "64", "memory": "512Gi", "pods": "250"},
+            }
+        }
+        e2e.core.patch_node_status(self.name, status)
+        inventory = SimulatedGpuSource(f"simulated:H200x{gpus}", seed=self.name).discover()
+        custom = k8s.CustomObjectsApi(e2e.api)
+        for body in build_slices(inventory, default_node_config(), DRIVER, self.name):
+            custom.create_cluster_custom_object("resource.k8s.io", "v1", "resourceslices", body)
+
+    def pod(self, name: str, device_class: str) -> None:
+        """A pod on this node with one claim of ``device_class`` from a template."""
+        self.e2e.template(name, device_class)
+        spec = {
+            "nodeSelector": {"kubernetes.io/hostname": self.name},
+            "tolerations": [{"key": VIRTUAL_TAINT, "operator": "Exists"}],
+            "containers": [{"name": "main", "resources": {"claims": [{"name": "gpu"}]}}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
+        }
+        self.e2e.create_pod(name, spec)
+
+    def scheduled(self, pod: str) -> bool:
+        return bool(self.e2e.read_pod(pod)["spec"].get("nodeName"))
+
+    def remove(self, pod: str) -> None:
+        """Delete the pod at once (no kubelet confirms it) and its claim template."""
+        self.e2e.core.delete_namespaced_pod(pod, self.e2e.namespace, grace_period_seconds=0)
+        wait_for(f"pod {pod} gone", lambda: not self.e2e.pod_exists(pod), timeout=30)
+        self.e2e.res.delete_namespaced_resource_claim_template(pod, self.e2e.namespace)
+
+    def allocations(self) -> dict[str, list[tuple[int, str, str]]]:
+        """Claim name -> (GPU index, mode, consumed slots) of each result on this node."""
+        claims = raw(
+            self.e2e.res.list_namespaced_resource_claim(self.e2e.namespace, _preload_content=False)
+        )["items"]
+        out: dict[str, list[tuple[int, str, str]]] = {}
+        for c in claims:
+            alloc = (c.get("status") or {}).get("allocation")
+            if not alloc:
+                continue
+            for r in alloc["devices"]["results"]:
+                if r["pool"] != self.name:
+                    continue
+                m = _DEVICE.fullmatch(r["device"])
+                assert m, r["device"]
+                slots = (r.get("consumedCapacity") or {}).get("slots", "")
+                out.setdefault(c["metadata"]["name"], []).append((int(m["gpu"]), m["mode"], slots))
+        return out
+
+    def modes_per_gpu(self) -> dict[int, set[str]]:
+        modes: dict[int, set[str]] = {}
+        for results in self.allocations().values():
+            for gpu, mode, _ in results:
+                modes.setdefault(gpu, set()).add(mode)
+        return modes
+
+    def delete(self) -> None:
+        core = self.e2e.core
+        pods = raw(core.list_namespaced_pod(self.e2e.namespace, _preload_content=False))["items"]
+        for p in pods:
+            if p["spec"].get("nodeName") == self.name or any(
+                t.get("key") == VIRTUAL_TAINT for t in p["spec"].get("tolerations") or []
+            ):
+                with contextlib.suppress(ApiException):
+                    core.delete_namespaced_pod(
+                        p["metadata"]["name"], self.e2e.namespace, grace_period_seconds=0
+                    )
+        custom = k8s.CustomObjectsApi(self.e2e.api)
+        with contextlib.suppress(ApiException):
+            custom.delete_collection_cluster_custom_object(
+                "resource.k8s.io",
+                "v1",
+                "resourceslices",
+                field_selector=f"spec.nodeName={self.name}",
+            )
+        with contextlib.suppress(ApiException):
+            core.delete_node(self.name)
+
+
+@pytest.fixture
+def vnodes(e2e: E2E) -> Iterator[list[VirtualNode]]:
+    made: list[VirtualNode] = []
+    yield made
+    for node in made:
+        node.delete()
+
+
+def _pending(e2e: E2E, pod: str) -> dict[str, Any]:
+    return wait_for(f"pod {pod} unschedulable", lambda: unschedulable(e2e, pod), timeout=60)
+
+
+def test_one_gpu_takes_one_mode_at_a_time(e2e: E2E, vnodes: list[VirtualNode]) -> None:
+    node = VirtualNode(e2e, gpus=1)
+    vnodes.append(node)
+    node.pod("ts", "gpu-quarter")
+    wait_for("time-slicing pod scheduled", lambda: node.scheduled("ts"), timeout=60)
+    node.pod("sm", "gpu-quarter-sm-sharing")
+    condition = _pending(e2e, "sm")
+    assert "cannot allocate all claims" in condition.get("message", ""), condition
+    assert node.modes_per_gpu() == {0: {"time-slicing"}}
+    node.pod("ts2", "gpu-half")
+    wait_for("second time-slicing pod shares the GPU", lambda: node.scheduled("ts2"), timeout=60)
+    assert not node.scheduled("sm")
+    node.remove("ts")
+    node.remove("ts2")
+    wait_for("sm-sharing pod scheduled once the GPU is free", lambda: node.scheduled("sm"), 90)
+    assert node.modes_per_gpu() == {0: {"sm-sharing"}}
+
+
+def test_two_gpus_run_both_modes_on_different_gpus(e2e: E2E, vnodes: list[VirtualNode]) -> None:
+    node = VirtualNode(e2e, gpus=2)
+    vnodes.append(node)
+    node.pod("ts", "gpu-quarter")
+    node.pod("sm", "gpu-quarter-sm-sharing")
+    for pod in ("ts", "sm"):
+        wait_for(f"pod {pod} scheduled", lambda p=pod: node.scheduled(p), timeout=60)
+    modes = node.modes_per_gpu()
+    assert sorted(modes) == [0, 1]
+    assert sorted(m for s in modes.values() for m in s) == ["sm-sharing", "time-slicing"]
+    assert all(len(s) == 1 for s in modes.values()), modes
+
+
+def test_class_alone_chooses_the_size_and_sizes_mix_on_a_gpu(
+    e2e: E2E, vnodes: list[VirtualNode]
+) -> None:
+    node = VirtualNode(e2e, gpus=1)
+    vnodes.append(node)
+    for pod, cls in (("half", "gpu-half"), ("q1", "gpu-quarter"), ("q2", "gpu-quarter")):
+        node.pod(pod, cls)
+        wait_for(f"pod {pod} scheduled", lambda p=pod: node.scheduled(p), timeout=60)
+    slots = sorted(s for results in node.allocations().values() for _, _, s in results)
+    assert slots == ["2", "2", "4"]
+    node.pod("eighth", "gpu-eighth")
+    _pending(e2e, "eighth")  # the card is full: 4 + 2 + 2 of 8 slots
+    claim = e2e.claim_of("q1")
+    request = claim["spec"]["devices"]["requests"][0]["exactly"]
+    assert request["capacity"] == {"requests": {"slots": "2"}}
+
+
+def test_random_churn_never_puts_both_modes_on_a_gpu(e2e: E2E, vnodes: list[VirtualNode]) -> None:
+    node = VirtualNode(e2e, gpus=2)
+    vnodes.append(node)
+    rng = random.Random(11)
+    classes = ["gpu-quarter", "gpu-half", "gpu-quarter-sm-sharing", "gpu-half-sm-sharing"]
+    live: list[str] = []
+    scheduled_any = {"time-slicing": False, "sm-sharing": False}
+    for step in range(24):
+        if live and (len(live) >= 6 or rng.random() < 0.4):
+            node.remove(live.pop(rng.randrange(len(live))))
+        else:
+            name = f"p{step}"
+            node.pod(name, rng.choice(classes))
+            live.append(name)
+        wait_for(
+            f"step {step}: every pod scheduled or unschedulable",
+            lambda: all(node.scheduled(p) or unschedulable(e2e, p) for p in live),
+            timeout=60,
+        )
+        modes = node.modes_per_gpu()
+        assert all(len(m) == 1 for m in modes.values()), (step, modes)
+        for m in modes.values():
+            scheduled_any.update(dict.fromkeys(m, True))
+    assert all(scheduled_any.values()), scheduled_any
+
+
+def test_quota_per_product_admits_four_quarters_and_refuses_the_fifth(e2e: E2E) -> None:
+    key = "gpu-quarter.deviceclass.resource.k8s.io/devices"
+    quota = {"metadata": {"name": "quarters"}, "spec": {"hard": {key: "4"}}}
+    e2e.core.create_namespaced_resource_quota(e2e.namespace, k8s.V1ResourceQuota.from_dict(quota))
+    wait_for(
+        "quota status",
+        lambda: (
+            raw(
+                e2e.core.read_namespaced_resource_quota(
+                    "quarters", e2e.namespace, _preload_content=False
+                )
+            )
+            .get("status", {})
+            .get("hard", {})
+            .get(key)
+        ),
+        timeout=30,
+    )
+    for i in range(4):
+        e2e.claim(f"q{i}", "gpu-quarter")
+    with pytest.raises(ApiException) as refused:
+        e2e.claim("q4", "gpu-quarter")
+    assert refused.value.status == 403
+    assert "exceeded quota" in str(refused.value.body)
+    e2e.claim("h0", "gpu-half")  # another product is not counted against the quarters
+
+
+def test_extended_resource_pod_gets_a_quarter_on_a_real_node(e2e: E2E) -> None:
+    node = next(n for n in e2e.nodes)
+    spec = {
+        "nodeSelector": {"kubernetes.io/hostname": node.name},
+        "containers": [{"name": "main", "resources": {"limits": {f"{DRIVER}/quarter": "1"}}}],
+    }
+    e2e.create_pod("er", spec)
+    e2e.wait_running("er", timeout=90)
+    pod = e2e.read_pod("er")
+    claim_name = pod["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
+    claim = raw(
+        e2e.res.read_namespaced_resource_claim(claim_name, e2e.namespace, _preload_content=False)
+    )
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    m = _DEVICE.fullmatch(result["device"])
+    assert m and int(m["gpu"]) in TIME_SLICING_GPUS and result["device"].endswith("-quarter")
+    assert result["consumedCapacity"] == {"slots": "2"}
+    view = e2e.view("er")
+    card = 143_131 * 2**20  # simulated H200: 143131 MiB
+    assert view.env["NVIDIA_GPU_MEMORY_LIMIT"] == str(card // 4 // 2**20)
+    assert node.cdi_spec_path(claim["metadata"]["uid"]).exists()
+
+
+def test_extended_resource_quota(e2e: E2E) -> None:
+    key = f"requests.{DRIVER}/quarter"
+    quota = {"metadata": {"name": "er"}, "spec": {"hard": {key: "1"}}}
+    e2e.core.create_namespaced_resource_quota(e2e.namespace, k8s.V1ResourceQuota.from_dict(quota))
+    node = next(n for n in e2e.nodes)
+    limits = {"limits": {f"{DRIVER}/quarter": "1"}}
+    spec = {
+        "nodeSelector": {"kubernetes.io/hostname": node.name},
+        "containers": [{"name": "main", "resources": limits}],
+    }
+    wait_for(
+        "quota status",
+        lambda: (
+            raw(
+                e2e.core.read_namespaced_resource_quota("er", e2e.namespace, _preload_content=False)
+            )
+            .get("status", {})
+            .get("hard", {})
+            .get(key)
+        ),
+        timeout=30,
+    )
+    e2e.create_pod("er1", spec)
+    with pytest.raises(ApiException) as refused:
+        e2e.create_pod("er2", spec)
+    assert refused.value.status == 403 and "exceeded quota" in str(refused.value.body)
+
+
+def test_template_claim_on_a_real_node_is_sized_by_its_class(e2e: E2E) -> None:
+    node = next(n for n in e2e.nodes)
+    e2e.template("quarter", "gpu-quarter")
+    e2e.pod("q", node, templates={"gpu": "quarter"})
+    e2e.wait_running("q", timeout=90)
+    got = check_prepared(e2e, "q")
+    [result] = got.results
+    assert result["consumedCapacity"] == {"slots": "2"} and "shareID" in result
+    card = 143_131 * 2**20
+    assert got.view.env["NVIDIA_GPU_MEMORY_LIMIT"] == str(card // 4 // 2**20)
