@@ -155,7 +155,9 @@ class RenderSlicesLayout:
 
     def __post_init__(self) -> None:
         devices = [
-            d for s in rendered_slices("probe", 1, self.config) for d in s["spec"].get("devices", [])
+            d
+            for s in rendered_slices("probe", 1, self.config)
+            for d in s["spec"].get("devices", [])
         ]
         if devices[0]["attributes"]["fractionModel"]["string"] == "capacity":
             self._capacity = devices[0]["capacity"]["memory"]
@@ -172,7 +174,9 @@ class RenderSlicesLayout:
         product, mode = product_of(class_name)
         policy = self._capacity["requestPolicy"]
         top, step = mib(policy["validRange"]["max"]), mib(policy["validRange"]["step"])
-        amount = max(int(top * PRODUCT_SIZES[product]) // step * step, mib(policy["validRange"]["min"]))
+        amount = max(
+            int(top * PRODUCT_SIZES[product]) // step * step, mib(policy["validRange"]["min"])
+        )
         cls = "gpu-memory" if mode == "time-slicing" else "gpu-memory-sm-sharing"
         return one_request(
             {"deviceClassName": cls, "capacity": {"requests": {"memory": f"{amount}Mi"}}}
@@ -209,6 +213,15 @@ def _module(path: Path) -> ModuleType:
 
 
 # ---------------------------------------------------------------- cluster
+
+
+RAW = {"_preload_content": False}
+"""Keyword argument of the API calls whose response is not turned into a model (CPU)."""
+
+
+def drain(resp: Any) -> None:
+    """Read a raw response to its end, so its connection goes back to the pool."""
+    resp.data  # noqa: B018
 
 
 def raw(resp: Any) -> dict[str, Any]:
@@ -274,7 +287,9 @@ def pod_body(name: str, claim: dict[str, str], gated: bool) -> dict[str, Any]:
 def unschedulable(pod: dict[str, Any]) -> bool:
     """True once the scheduler marked the pod PodScheduled=False/Unschedulable."""
     return any(
-        c["type"] == "PodScheduled" and c["status"] == "False" and c.get("reason") == "Unschedulable"
+        c["type"] == "PodScheduled"
+        and c["status"] == "False"
+        and c.get("reason") == "Unschedulable"
         for c in pod.get("status", {}).get("conditions") or []
     )
 
@@ -321,16 +336,18 @@ class Cluster:
         """Create ``count`` Ready nodes ``<run>-n<i>`` and publish their slices; returns the
         names once no node carries a taint (the controller-manager lifts not-ready)."""
         names = [f"{run}-n{i:03d}" for i in range(count)]
-        self.parallel(lambda n: self.core.create_node(node_body(n, run)), names)
+        self.parallel(lambda n: drain(self.core.create_node(node_body(n, run), **RAW)), names)
         slices = [s for n in names for s in layout.slices(n, gpus)]
         for s in slices:
             s["metadata"].setdefault("labels", {})[RUN_LABEL] = run
-        self.parallel(lambda s: self.res.create_resource_slice(s), slices)
+        self.parallel(lambda s: drain(self.res.create_resource_slice(s, **RAW)), slices)
         wait("nodes untainted", lambda: self._untainted(run) == count, 120, 0.5)
         return names
 
     def _untainted(self, run: str) -> int:
-        items = raw(self.core.list_node(label_selector=f"{RUN_LABEL}={run}", _preload_content=False))
+        items = raw(
+            self.core.list_node(label_selector=f"{RUN_LABEL}={run}", _preload_content=False)
+        )
         return sum(1 for n in items["items"] if not n["spec"].get("taints"))
 
     def namespace(self, name: str) -> None:
@@ -347,6 +364,14 @@ class Cluster:
             raise
         return True
 
+    def create_pod(self, ns: str, body: dict[str, Any]) -> None:
+        """Create a pod (the response is not turned into a model: that costs CPU here)."""
+        drain(self.core.create_namespaced_pod(ns, body, **RAW))
+
+    def patch_pod(self, ns: str, name: str, patch: list[dict[str, Any]]) -> None:
+        """Apply a JSON patch to a pod (response not turned into a model)."""
+        drain(self.core.patch_namespaced_pod(name, ns, patch, **RAW))
+
     def list_pods(self, ns: str) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = raw(
             self.core.list_namespaced_pod(ns, _preload_content=False)
@@ -354,7 +379,9 @@ class Cluster:
         return items
 
     def count_claims(self, ns: str) -> int:
-        return len(raw(self.res.list_namespaced_resource_claim(ns, _preload_content=False))["items"])
+        return len(
+            raw(self.res.list_namespaced_resource_claim(ns, _preload_content=False))["items"]
+        )
 
     def cleanup(self, run: str, ns: str | None) -> None:
         """Delete the run's pods and claims (namespace ``ns``), slices and nodes; returns when
@@ -369,7 +396,14 @@ class Cluster:
         self.res.delete_collection_resource_slice(label_selector=sel)
         self.core.delete_collection_node(label_selector=sel)
         wait("slices gone", lambda: not self._slices(sel), 120, 0.5)
-        wait("nodes gone", lambda: not raw(self.core.list_node(label_selector=sel, _preload_content=False))["items"], 120, 0.5)
+        wait(
+            "nodes gone",
+            lambda: (
+                not raw(self.core.list_node(label_selector=sel, _preload_content=False))["items"]
+            ),
+            120,
+            0.5,
+        )
 
     def _slices(self, selector: str) -> list[Any]:
         items: list[Any] = raw(

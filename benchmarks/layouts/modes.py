@@ -62,7 +62,12 @@ def slices(node: str, gpus: int, memory: bool) -> list[dict[str, Any]]:
             attrs = {**base, "computeMode": {"string": mode}}
             fraction = {"fraction": {"value": "1", "requestPolicy": FRACTION_POLICY}}
             devices.append(
-                _device(f"gpu-{i}-{short}", {**attrs, "fractionModel": {"string": "fraction"}}, i, fraction)
+                _device(
+                    f"gpu-{i}-{short}",
+                    {**attrs, "fractionModel": {"string": "fraction"}},
+                    i,
+                    fraction,
+                )
             )
             if memory:
                 card = memory_capacity(base["gpuMemory"]["int"])
