@@ -65,6 +65,7 @@ def fill(
 ) -> tuple[float, list[float]]:
     """One seed on a fresh node; returns (allocated share, sizes bound in order)."""
     rng = random.Random(seed)
+    cluster.put_classes(layout.classes())
     cluster.add_nodes(layout, run, 1, GPUS)
     cluster.namespace(run)
     bound: list[float] = []

@@ -2,7 +2,7 @@
 kubelet-less node with ONE GPU; prints what it saw, exit 1 if a check fails:
 
 1. two ``gpu-quarter`` (time-slicing) claims are allocated the same device, as two shares
-   (different shareIDs), each consuming ``fraction: 250m``;
+   (different shareIDs), each consuming ``eighths: 2``;
 2. a ``gpu-quarter-sm-sharing`` claim then stays Pending (PodScheduled=False/Unschedulable);
 3. once the two time-slicing pods and claims are deleted, the sm-sharing pod is bound.
 

@@ -5,13 +5,16 @@ Per GPU ``i``: a counter set ``gpu-<i>`` with one counter ``gpu: 1``, and sharea
 a shareable device's counters once, at its first share, so two devices of one GPU exclude each
 other while either holds a share, and each holds many shares.
 
-- ``gpu-<i>-ts`` / ``gpu-<i>-sm``: capacity ``fraction`` = 1 (a card), request policy
-  default 1/8, valid range 1/8 .. 1 in steps of 1/8 (``FRACTION_POLICY``);
+- ``gpu-<i>-ts`` / ``gpu-<i>-sm``: capacity ``eighths`` = 8 (a card), request policy default 1,
+  valid range 1 .. 8 in steps of 1 (``EIGHTHS_POLICY``). Integer units because a fractional
+  range (``fraction`` = 1, step 125m) is rounded up to whole units by kube-scheduler 1.37.2:
+  ``DRAFractionalCapacityRange`` has MinCompatibilityVersion 1.37, so it is off at the default
+  compatibility version (a 250m request was allocated ``consumedCapacity: {fraction: "1"}``);
 - with ``memory=True`` also ``gpu-<i>-ts-memory`` / ``gpu-<i>-sm-memory``: capacity ``memory``
   = the card in bytes, request policy as the capacity model's (min 1Gi, step 256Mi).
 
 Classes: ``gpu-<product>[-sm-sharing]`` select the fraction device of the mode; a product class
-name becomes ``capacity.requests.fraction`` = the product's portion (``claim_spec``).
+name becomes ``capacity.requests.eighths`` = the product's portion x 8 (``claim_spec``).
 ``gpu-memory[-sm-sharing]`` select the memory devices (``memory=True``).
 """
 
@@ -25,12 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import benchlib  # noqa: E402
 
 MODES = {"time-slicing": "ts", "sm-sharing": "sm"}
-FRACTION_POLICY = {"default": "125m", "validRange": {"min": "125m", "max": "1", "step": "125m"}}
+UNITS = 8
+EIGHTHS_POLICY = {"default": "1", "validRange": {"min": "1", "max": str(UNITS), "step": "1"}}
 MIN_MIB, STEP_MIB = 1024, 256
-
-
-def _milli(portion: float) -> str:
-    return f"{round(portion * 1000)}m"
 
 
 def memory_capacity(card_bytes: int) -> dict[str, Any]:
@@ -60,7 +60,7 @@ def slices(node: str, gpus: int, memory: bool) -> list[dict[str, Any]]:
     for i, base in enumerate(benchlib.gpu_attributes(node, gpus)):
         for mode, short in MODES.items():
             attrs = {**base, "computeMode": {"string": mode}}
-            fraction = {"fraction": {"value": "1", "requestPolicy": FRACTION_POLICY}}
+            fraction = {"eighths": {"value": str(UNITS), "requestPolicy": EIGHTHS_POLICY}}
             devices.append(
                 _device(
                     f"gpu-{i}-{short}",
@@ -99,7 +99,7 @@ def classes(memory: bool) -> list[dict[str, Any]]:
 
 def claim_spec(class_name: str) -> dict[str, Any]:
     product, _ = benchlib.product_of(class_name)
-    portion = _milli(benchlib.PRODUCT_SIZES[product])
+    units = str(round(benchlib.PRODUCT_SIZES[product] * UNITS))
     return benchlib.one_request(
-        {"deviceClassName": class_name, "capacity": {"requests": {"fraction": portion}}}
+        {"deviceClassName": class_name, "capacity": {"requests": {"eighths": units}}}
     )
