@@ -1,0 +1,116 @@
+"""Packing with the real kube-scheduler: how full one 8 x H200 node gets before a claim stays
+Pending.
+
+Per seed: a fresh kubelet-less node with the layout's slices; claims arrive one at a time,
+each of a size drawn (seeded, uniform) from ``--sizes`` (portions of a card; a size maps to
+the product class ``gpu-eighth``/``-quarter``/``-half``/``-full``, written as the layout's
+``claim_spec``), as a ResourceClaim plus a pod using it. Each pod is waited for until it is
+bound or the scheduler marks it PodScheduled=False/Unschedulable (or ``--wait`` seconds pass,
+counted as Pending). At the first Pending pod the run stops and reports the share of the
+node's GPU memory allocated: sum of the sizes of the bound claims / GPUs.
+
+Usage: .venv/bin/python benchmarks/bench_packing.py [--layout render-slices|file:PATH]
+    [--config NODE_CONFIG] [--seeds 5] [--sizes 0.25,0.5,1] [--kubeconfig PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402
+
+GPUS = 8
+CLASS_OF = {size: f"gpu-{stem}" for stem, size in benchlib.PRODUCT_SIZES.items()}
+
+
+def place(cluster: benchlib.Cluster, ns: str, name: str, spec: dict[str, Any], wait: float) -> bool:
+    """Create claim and pod ``name``; True once bound, False once Unschedulable or timed out."""
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim"}
+    cluster.res.create_namespaced_resource_claim(
+        ns, {**claim, "metadata": {"name": name}, "spec": spec}
+    )
+    cluster.core.create_namespaced_pod(
+        ns, benchlib.pod_body(name, {"resourceClaimName": name}, False)
+    )
+
+    def outcome() -> str | None:
+        pod = benchlib.raw(cluster.core.read_namespaced_pod(name, ns, _preload_content=False))
+        if pod["spec"].get("nodeName"):
+            return "bound"
+        return "pending" if benchlib.unschedulable(pod) else None
+
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        result = outcome()
+        if result is not None:
+            return result == "bound"
+        time.sleep(0.05)
+    return False
+
+
+def fill(
+    cluster: benchlib.Cluster,
+    layout: benchlib.Layout,
+    run: str,
+    seed: int,
+    sizes: list[float],
+    wait: float,
+) -> tuple[float, list[float]]:
+    """One seed on a fresh node; returns (allocated share, sizes bound in order)."""
+    rng = random.Random(seed)
+    cluster.put_classes(layout.classes())
+    cluster.add_nodes(layout, run, 1, GPUS)
+    cluster.namespace(run)
+    bound: list[float] = []
+    try:
+        while True:
+            size = rng.choice(sizes)
+            if not place(
+                cluster, run, f"c{len(bound):03d}", layout.claim_spec(CLASS_OF[size]), wait
+            ):
+                return sum(bound) / GPUS, bound
+            bound.append(size)
+    finally:
+        cluster.cleanup(run, run)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--layout", default="render-slices")
+    p.add_argument("--config", default=None, help="node-config file (render-slices layout)")
+    p.add_argument("--seeds", type=int, default=5, help="seeds 1..N")
+    p.add_argument("--sizes", default="0.25,0.5,1", help="card portions (0.125 adds eighths)")
+    p.add_argument("--wait", type=float, default=20.0, help="seconds before a pod counts Pending")
+    p.add_argument("--kubeconfig", default=None)
+    p.add_argument("--keep-cluster", action="store_true")
+    args = p.parse_args()
+    sizes = [float(s) for s in args.sizes.split(",")]
+    for s in sizes:
+        if s not in CLASS_OF:
+            p.error(f"--sizes: {s} is not one of {sorted(CLASS_OF)}")
+    layout = benchlib.load_layout(args.layout, args.config)
+    tag = f"{int(time.time()) % 100000:05d}"
+    shares = []
+    with benchlib.local_cluster(args.kubeconfig, args.keep_cluster) as kubeconfig:
+        cluster = benchlib.Cluster(kubeconfig)
+        try:
+            for seed in range(1, args.seeds + 1):
+                share, bound = fill(cluster, layout, f"bp{tag}-{seed}", seed, sizes, args.wait)
+                shares.append(share)
+                print(f"seed {seed}: {share:6.1%} allocated, {len(bound)} claims bound", flush=True)
+        finally:
+            cluster.close()
+    print(f"layout {args.layout} config {args.config} sizes {args.sizes}")
+    print(f"mean {statistics.mean(shares):.1%}  min {min(shares):.1%}  max {max(shares):.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

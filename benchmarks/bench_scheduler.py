@@ -1,0 +1,145 @@
+"""Scheduling throughput of the real kube-scheduler with a layout vs. plain whole-GPU devices.
+
+For each node count N: create N kubelet-less 8 x H200 nodes and publish the layout's slices
+(``--layout render-slices``: exactly what ``dra-driver render-slices`` prints), create P pods
+(default 4 per node) each with one claim from a ResourceClaimTemplate of ``--class``, held by a
+scheduling gate until the controller-manager has created all P claims, then lift the gates and
+time from the first gate lifted until every pod has ``spec.nodeName`` (watch events): pods/s.
+The same N and P are measured in the same run with the baseline layout (8 plain devices per node,
+no counters, no capacity, one device per claim), after a full cleanup (pods, claims, slices and
+nodes deleted), so both start from an empty scheduler cache.
+
+The gate keeps the controller-manager's claim creation (client QPS 20, burst 30: two writes per
+pod) out of the measurement; the scheduler's own client limit (QPS 50, burst 100, the
+kube-scheduler defaults hack/local-cluster does not change) stays in it, as in a real cluster.
+
+Usage: .venv/bin/python benchmarks/bench_scheduler.py [--nodes 50,150] [--pods 200,600]
+    [--layout render-slices|render-slices:NODE_CONFIG|file:PATH ...] [--config NODE_CONFIG]
+    [--class gpu-quarter]
+    [--kubeconfig PATH] [--keep-cluster]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402
+
+GPUS = 8
+BASELINE = Path(__file__).resolve().parent / "layouts" / "plain.py"
+
+
+@dataclass
+class Result:
+    pods_per_s: float
+    bound: int
+    seconds: float
+    ungated: float
+    unschedulable: int
+
+
+def measure(
+    cluster: benchlib.Cluster, layout: benchlib.Layout, cls: str, run: str, nodes: int, pods: int
+) -> Result:
+    """One measurement on fresh nodes ``<run>-n*`` in namespace ``<run>``; cleans up after."""
+    cluster.put_classes(layout.classes())
+    try:
+        cluster.add_nodes(layout, run, nodes, GPUS)
+        cluster.namespace(run)
+        template = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "gpu"},
+            "spec": {"spec": layout.claim_spec(cls)},
+        }
+        cluster.res.create_namespaced_resource_claim_template(run, template, _preload_content=False)
+        names = [f"p{i:04d}" for i in range(pods)]
+        source = {"resourceClaimTemplateName": "gpu"}
+        pod = benchlib.pod_body
+        cluster.parallel(lambda n: cluster.create_pod(run, pod(n, source, True)), names)
+        benchlib.wait("all claims created", lambda: cluster.count_claims(run) == pods, 600, 0.5)
+        rv = benchlib.raw(cluster.core.list_namespaced_pod(run, _preload_content=False))
+        watch = benchlib.BindWatch(cluster, run, rv["metadata"]["resourceVersion"])
+        ungate = [{"op": "remove", "path": "/spec/schedulingGates"}]
+        start = time.monotonic()
+        cluster.parallel(lambda n: cluster.patch_pod(run, n, ungate), names)
+        ungated = time.monotonic() - start
+        deadline = start + 300
+        while len(watch.bound) < pods and time.monotonic() < deadline:
+            time.sleep(0.05)
+        watch.close()
+        last = max(watch.bound.values(), default=start)
+        seconds = last - start
+        bound = len(watch.bound)
+        rate = bound / seconds if seconds else 0.0
+        return Result(rate, bound, seconds, ungated, len(watch.unschedulable))
+    finally:
+        cluster.cleanup(run, run)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--nodes", default="50,150", help="comma-separated node counts")
+    p.add_argument("--pods", default=None, help="comma-separated pod counts (default 4/node)")
+    p.add_argument(
+        "--layout",
+        action="append",
+        help="render-slices (default), render-slices:NODE_CONFIG or file:PATH; repeat to"
+        " measure several layouts against one baseline per node count",
+    )
+    p.add_argument("--config", default=None, help="node-config file (render-slices layout)")
+    p.add_argument("--class", dest="cls", default="gpu-quarter", help="product class")
+    p.add_argument("--kubeconfig", default=None, help="use this cluster instead of a local one")
+    p.add_argument("--keep-cluster", action="store_true")
+    args = p.parse_args()
+    node_counts = [int(n) for n in args.nodes.split(",")]
+    pod_counts = (
+        [int(n) for n in args.pods.split(",")] if args.pods else [4 * n for n in node_counts]
+    )
+    if len(pod_counts) != len(node_counts):
+        p.error("--pods needs one count per --nodes entry")
+    specs = args.layout or ["render-slices"]
+    layouts = [benchlib.load_layout(spec, args.config) for spec in specs]
+    baseline = benchlib.load_layout(f"file:{BASELINE}", None)
+    rows = []
+    tag = f"{int(time.time()) % 100000:05d}"
+    with benchlib.local_cluster(args.kubeconfig, args.keep_cluster) as kubeconfig:
+        cluster = benchlib.Cluster(kubeconfig)
+        try:
+            for i, (nodes, pods) in enumerate(zip(node_counts, pod_counts, strict=True)):
+                base = measure(cluster, baseline, "gpu-full", f"bs{tag}-{i}-base", nodes, pods)
+                for j, (spec, layout) in enumerate(zip(specs, layouts, strict=True)):
+                    model = measure(cluster, layout, args.cls, f"bs{tag}-{i}-m{j}", nodes, pods)
+                    rows.append((spec, nodes, pods, base, model))
+                    print_row(spec, nodes, pods, base, model)
+        finally:
+            cluster.close()
+    print(f"\nconfig {args.config} class {args.cls}")
+    print(
+        "layout  nodes  pods  baseline pods/s  model pods/s  ratio"
+        "  (bound/seconds, gates lifted in, unschedulable)"
+    )
+    for row in rows:
+        print_row(*row)
+    return 0 if all(b.bound == n and m.bound == n for _, _, n, b, m in rows) else 1
+
+
+def print_row(spec: str, nodes: int, pods: int, base: Result, model: Result) -> None:
+    ratio = model.pods_per_s / base.pods_per_s if base.pods_per_s else 0.0
+    print(
+        f"{spec}  {nodes:5d} {pods:5d}  {base.pods_per_s:15.1f}  {model.pods_per_s:12.1f}"
+        f"  {ratio:5.2f}"
+        f"  (base {base.bound}/{base.seconds:.1f}s gates {base.ungated:.1f}s"
+        f" u{base.unschedulable}, model {model.bound}/{model.seconds:.1f}s"
+        f" gates {model.ungated:.1f}s u{model.unschedulable})",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+"""Candidate layout (d): modes2 plus ``gpu-<i>-ts-memory`` and ``gpu-<i>-sm-memory`` (capacity
+``memory`` in bytes), all four consuming the GPU's counter ``gpu: 1`` (see ``modes.py``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import modes  # noqa: E402
+
+
+def slices(node: str, gpus: int) -> list[dict[str, Any]]:
+    return modes.slices(node, gpus, memory=True)
+
+
+def classes() -> list[dict[str, Any]]:
+    return modes.classes(memory=True)
+
+
+claim_spec = modes.claim_spec
