@@ -24,7 +24,9 @@ from kubernetes.client.exceptions import ApiException
 from dra_driver.config import default_node_config
 from dra_driver.gpus import SimulatedGpuSource
 from dra_driver.slices import build_slices
-from tests.e2e.plugin_fixtures import (
+
+pytest.register_assert_rewrite("plugin_fixtures")
+from plugin_fixtures import (  # noqa: E402
     DRIVER,
     E2E,
     TIME_SLICING_GPUS,
@@ -36,6 +38,7 @@ from tests.e2e.plugin_fixtures import (
 )
 
 pytestmark = pytest.mark.e2e
+pytest_plugins = ["plugin_fixtures"]
 
 VIRTUAL_TAINT = "gpu-fraction.dra.dev/kubelet-less"
 _DEVICE = re.compile(r"gpu-(?P<gpu>[0-9]+)-(?P<mode>time-slicing|sm-sharing)(-.*)?")
@@ -123,13 +126,9 @@ class VirtualNode:
                     core.delete_namespaced_pod(
                         p["metadata"]["name"], self.e2e.namespace, grace_period_seconds=0
                     )
-        custom = k8s.CustomObjectsApi(self.e2e.api)
         with contextlib.suppress(ApiException):
-            custom.delete_collection_cluster_custom_object(
-                "resource.k8s.io",
-                "v1",
-                "resourceslices",
-                field_selector=f"spec.nodeName={self.name}",
+            self.e2e.res.delete_collection_resource_slice(
+                field_selector=f"spec.nodeName={self.name}"
             )
         with contextlib.suppress(ApiException):
             core.delete_node(self.name)
