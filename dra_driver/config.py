@@ -32,8 +32,8 @@ RESERVED_PRODUCT_NAMES = frozenset({"memory"})
 """Product names that would collide with the capacity model's DeviceClass (``gpu-memory``)."""
 
 MAX_PRODUCT_NAME_LENGTH = 40
-"""Longest product name: keeps device names (``gpu-<index>-<product>-<n>``) and DeviceClass
-names (``gpu-<product>-sm-sharing``) within the 63-character DNS label limit."""
+"""Longest product name: keeps extended-resource device names (``gpu-<index>-<mode>-<product>``)
+and DeviceClass names (``gpu-<product>-sm-sharing``) within the 63-character DNS label limit."""
 
 MAX_PRODUCTS = 10
 """Most products in one product list: their sizes become the ``validValues`` of the device's
@@ -41,10 +41,6 @@ MAX_PRODUCTS = 10
 
 MAX_PORTION_DENOMINATOR = 64
 """Largest denominator of a product portion (1/64 of a card is the smallest fraction)."""
-
-MAX_DEVICES_PER_GPU = 64
-"""Most product devices one GPU may carry (sum over products of ``floor(1 / portion)``); also
-the per-slice device limit, so one GPU's devices always fit one ResourceSlice."""
 
 MAX_SLOTS = 1_000_000
 """Largest ``slotsPerGpu``: the ``slots`` capacity of one GPU."""
@@ -58,11 +54,12 @@ log = structlog.get_logger(__name__)
 
 @dataclass(frozen=True)
 class Product:
-    """A fixed-size fraction of a GPU offered as its own device.
+    """A fixed-size fraction of a GPU: ``portion * slotsPerGpu`` slots of its shared device.
 
     Attributes:
-        name: DNS label, at most 40 characters, not ``memory``; shows in device names
-            (``gpu-0-quarter-1``), the ``product`` attribute and the DeviceClass name.
+        name: DNS label, at most 40 characters, not ``memory``; shows in the DeviceClass name
+            and, with extended resources, in a device name (``gpu-0-time-slicing-quarter``) and
+            its ``product`` attribute.
         portion: share of the card, ``0 < portion <= 1``, denominator at most 64.
     """
 
@@ -73,11 +70,6 @@ class Product:
     def portion_text(self) -> str:
         """The portion as published in the ``portion`` attribute: ``"1/4"``, ``"1"``."""
         return str(self.portion)
-
-    @property
-    def count(self) -> int:
-        """How many devices of this product one GPU carries: ``floor(1 / portion)``."""
-        return int(1 / self.portion)
 
 
 @dataclass(frozen=True)
@@ -103,7 +95,7 @@ DEFAULT_PRODUCTS = (
     Product("half", Fraction(1, 2)),
     Product("full", Fraction(1)),
 )
-"""Products offered when the configuration names none: 8 + 4 + 2 + 1 = 15 devices per GPU."""
+"""Products offered when the configuration names none: 1, 2, 4 and 8 of 8 slots."""
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ from dra_driver.config import (
     API_VERSION,
     DEFAULT_PRODUCTS,
     KIND,
-    MAX_DEVICES_PER_GPU,
     MAX_PORTION_DENOMINATOR,
     MAX_PRODUCT_NAME_LENGTH,
     MAX_PRODUCTS,
@@ -232,7 +231,13 @@ def _flag(value: object, where: str) -> bool:
 
 def _check_slots(config: NodeConfig) -> None:
     """Every product must be a whole number of slots, or its DeviceClass could not name its
-    size (the admission policy writes ``portion * slots`` into each claim)."""
+    size (the admission policy writes ``portion * slots`` into each claim); the slots, given or
+    the common denominator of every GPU's products, are at most ``MAX_SLOTS``."""
+    if config.slots > MAX_SLOTS:
+        raise ConfigError(
+            f"slotsPerGpu: the products' common denominator {config.slots} exceeds {MAX_SLOTS}; "
+            "use portions with smaller denominators"
+        )
     for product in config.all_products():
         if (product.portion * config.slots).denominator != 1:
             raise ConfigError(
@@ -305,12 +310,6 @@ def _products(value: object, where: str) -> tuple[Product, ...]:
         if "portion" not in item:
             raise ConfigError(f"{item_where}.portion: required")
         products.append(Product(name, _portion(item["portion"], f"{item_where}.portion")))
-    devices = sum(p.count for p in products)
-    if devices > MAX_DEVICES_PER_GPU:
-        raise ConfigError(
-            f"{where}: these products make {devices} devices per GPU; "
-            f"at most {MAX_DEVICES_PER_GPU} are allowed"
-        )
     if slots_for(products) > MAX_SLOTS:
         raise ConfigError(
             f"{where}: the portions' common denominator {slots_for(products)} exceeds {MAX_SLOTS}"

@@ -5,21 +5,21 @@ publishes exactly these, and Prepare maps an allocated device name back to its G
 compute mode with :func:`devices_by_name`. Nothing here touches the network or files, except
 :func:`render_slices_json`, which reads the GPU source and configuration for the CLI.
 
-Products model, per GPU (index ``i``):
+Per offered GPU (index ``i``), in each compute mode it is offered in (both for ``computeMode:
+auto``, the default; one when pinned):
 
-- counter set ``gpu-<i>`` with counters ``memory`` (the card's bytes) and ``slots`` (``S``, the
-  least common multiple of the product denominators);
-- device ``gpu-<i>-<product>-<n>`` for ``n`` in ``0 .. floor(1/portion) - 1``, consuming
-  ``portion * S`` slots and its own memory. Product memory = ``portion * card`` rounded DOWN to
-  a whole MiB; the whole-card product (portion 1) is exactly the card and takes all slots.
-  Any set of devices the scheduler may co-allocate fits the ``slots`` counter, so its portions
-  sum to at most 1 and its memory (each rounded down) to at most the card. The ``memory``
-  counter says the same in bytes.
-
-Capacity model: one device ``gpu-<i>`` with ``allowMultipleAllocations: true`` and capacity
-``memory`` = the card, with ``requestPolicy`` ``validRange{min, step, max}`` where
-``max = min + floor((card - min) / step) * step`` (the largest on-grid amount that fits) and
-``default`` = the configured default rounded up to the grid (capped at ``max``), or ``max``.
+- counter set ``gpu-<i>`` with one counter ``gpu: 1``; every device of the GPU allows multiple
+  allocations and consumes all of it, which the scheduler charges once, at a device's first
+  share, so a GPU serves one device (one compute mode) at a time;
+- products model: device ``gpu-<i>-<mode>`` with capacity ``slots`` = ``slotsPerGpu`` (default:
+  the least common multiple of the product denominators), ``requestPolicy`` ``validValues`` =
+  each product's ``portion * slotsPerGpu``, ascending, ``default`` the largest, and attribute
+  ``product: "*"``; a claim's product is the slots it consumes. With ``extendedResources``,
+  before it, one device ``gpu-<i>-<mode>-<product>`` per product whose only size is its own;
+- capacity model: device ``gpu-<i>-<mode>`` with capacity ``memory`` = the card, with
+  ``requestPolicy`` ``validRange{min, step, max}`` where
+  ``max = min + floor((card - min) / step) * step`` (the largest on-grid amount that fits) and
+  ``default`` = the configured default rounded up to the grid (capped at ``max``), or ``max``.
 
 Slices (Kubernetes >= 1.35 layout): counter sets go in their own slices (at most 8 sets each),
 devices in further slices (at most 64 each, since they consume counters or allow multiple
@@ -445,8 +445,8 @@ def build_slices(
         ("sharedCounters", counter_sets[i : i + MAX_COUNTER_SETS_PER_SLICE])
         for i in range(0, len(counter_sets), MAX_COUNTER_SETS_PER_SLICE)
     ]
-    # Devices are packed GPU by GPU, never splitting one GPU's devices across slices (the
-    # configuration caps a GPU at MAX_DEVICES_PER_GPU = MAX_DEVICES_PER_SLICE_ADVANCED).
+    # Devices are packed GPU by GPU, never splitting one GPU's devices across slices (a GPU
+    # has at most 2 modes x (MAX_PRODUCTS + 1) = 22 devices, fewer than a slice holds).
     current: list[dict[str, Any]] = []
     for g in result.gpus:
         level = enforcement.get(g.gpu.uuid, Tier.NONE)

@@ -46,7 +46,8 @@ def test_no_file_gives_defaults() -> None:
     for gpu in gpus():
         cfg = config.for_gpu(gpu)
         assert cfg.fraction_model == "products"
-        assert cfg.compute_mode == "time-slicing"
+        assert cfg.compute_mode == "auto"  # the mode follows the claims
+        assert cfg.modes == ("time-slicing", "sm-sharing")
         assert [(p.name, p.portion_text) for p in cfg.products] == [
             ("eighth", "1/8"),
             ("quarter", "1/4"),
@@ -57,7 +58,8 @@ def test_no_file_gives_defaults() -> None:
         assert cfg.capacity.step == 256 * MIB
         assert cfg.capacity.default is None
         assert cfg.enabled
-    assert sum(p.count for p in DEFAULT_PRODUCTS) == 15
+    assert config.slots == 8 and config.slots_per_gpu is None
+    assert config.extended_resources is False  # opt-in: no extended resource name claimed
 
 
 def test_minimal_file_equals_defaults() -> None:
@@ -165,12 +167,8 @@ def test_stacked_overrides_raise_default_to_minimum() -> None:
         ("products: [{name: a, portion: 1/65}]\n", "products[0].portion: '1/65' has denominator"),
         ("products: [{name: a, portion: true}]\n", "products[0].portion: must be a fraction"),
         (
-            "products: [{name: a, portion: 1/64}, {name: b, portion: 1/32}]\n",
-            "products: these products make 96 devices per GPU; at most 64",
-        ),
-        (
-            "products: [" + ", ".join(f"{{name: p{i}, portion: 1}}" for i in range(17)) + "]\n",
-            "products: 17 products; at most 16",
+            "products: [" + ", ".join(f"{{name: p{i}, portion: 1}}" for i in range(11)) + "]\n",
+            "products: 11 products; at most 10",  # validValues holds at most 10 sizes
         ),
         ("capacity: {minimum: 1Ki}\n", "capacity.minimum: '1Ki' must be at least 1Mi"),
         ("capacity: {step: lots}\n", "capacity.step: 'lots' is not a Kubernetes quantity"),
@@ -189,7 +187,7 @@ def test_stacked_overrides_raise_default_to_minimum() -> None:
         ("gpus: [{selector: {index: 0}, enabled: 'no'}]\n", "gpus[0].enabled: must be true or"),
         (
             "gpus: [{selector: {index: 0}, computeMode: exclusive}]\n",
-            "gpus[0].computeMode: must be one of time-slicing, sm-sharing",
+            "gpus[0].computeMode: must be one of auto, time-slicing, sm-sharing",
         ),
         (
             "gpus: [{selector: {index: 0}, products: [{name: a, portion: 2}]}]\n",
@@ -250,8 +248,119 @@ def test_portion_forms() -> None:
     )
     portions = [p.portion for p in config.defaults.products]
     assert portions == [Fraction(1, 4), Fraction(3, 8), Fraction(1), Fraction(1, 8)]
-    assert [p.count for p in config.defaults.products] == [4, 2, 1, 8]
     assert slots_for(config.defaults.products) == 8
+    assert config.slots == 8  # each a whole number of slots: 2, 3, 8, 1
+
+
+# --- slotsPerGpu, computeMode auto, extendedResources ------------------------------------
+
+
+def test_slots_per_gpu_defaults_to_the_common_denominator_of_every_product() -> None:
+    config = parse(
+        """
+        products: [{name: quarter, portion: 1/4}, {name: full, portion: 1}]
+        gpus:
+          - selector: {index: 1}
+            products: [{name: third, portion: 1/3}]
+        """
+    )
+    assert config.slots_per_gpu is None
+    assert config.slots == 12  # lcm(4, 1, 3): every product in whole slots on every GPU
+
+
+def test_explicit_slots_per_gpu() -> None:
+    config = parse("slotsPerGpu: 64\n")
+    assert config.slots_per_gpu == 64 and config.slots == 64
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            "slotsPerGpu: 12\n",  # the default products: eighth is 1.5 of 12 slots
+            "slotsPerGpu: 12 slots cannot hold product 'eighth' (1/8 of a GPU) in whole slots; "
+            "use a multiple of 8",
+        ),
+        (
+            "slotsPerGpu: 8\ngpus: [{selector: {index: 0}, products: [{name: third, "
+            "portion: 1/3}]}]\n",
+            "slotsPerGpu: 8 slots cannot hold product 'third' (1/3 of a GPU)",
+        ),
+        ("slotsPerGpu: 0\n", "slotsPerGpu: must be an integer in 1..1000000, got 0"),
+        ("slotsPerGpu: 1000001\n", "slotsPerGpu: must be an integer in 1..1000000"),
+        ("slotsPerGpu: '8'\n", "slotsPerGpu: must be an integer in 1..1000000, got '8'"),
+        ("slotsPerGpu: true\n", "slotsPerGpu: must be an integer"),
+        ("extendedResources: 'yes'\n", "extendedResources: must be true or false, got 'yes'"),
+    ],
+)
+def test_slots_per_gpu_errors(body: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_node_config_text(HEAD + body, source="node.yaml")
+    assert str(err.value).startswith("node.yaml: ")
+    assert message in str(err.value)
+
+
+def test_common_denominator_over_every_gpu_is_bounded() -> None:
+    """Each list alone is within 1,000,000 slots, together they are not: the node's slots
+    (the least common multiple over every product) must be refused, not published."""
+    body = (
+        "products: [{name: a, portion: 30/61}, {name: b, portion: 29/59}, "
+        "{name: c, portion: 26/53}]\n"
+        "gpus: [{selector: {index: 0}, products: [{name: d, portion: 23/47}, "
+        "{name: e, portion: 21/43}, {name: f, portion: 20/41}]}]\n"
+    )
+    with pytest.raises(ConfigError, match="slotsPerGpu: .* exceeds 1000000"):
+        parse_node_config_text(HEAD + body, source="node.yaml")
+
+
+def test_small_products_are_a_few_sizes_not_many_devices() -> None:
+    """A GPU publishes one device per mode whatever the portions; 1/64 and 1/32 are sizes 1 and
+    2 of 64 slots (before the new layout they made 96 devices and were refused)."""
+    config = parse("products: [{name: a, portion: 1/64}, {name: b, portion: 1/32}]\n")
+    assert config.slots == 64
+    assert [p.portion for p in config.defaults.products] == [Fraction(1, 64), Fraction(1, 32)]
+
+
+@pytest.mark.parametrize(
+    ("body", "modes"),
+    [
+        ("", ("time-slicing", "sm-sharing")),
+        ("defaults: {computeMode: auto}\n", ("time-slicing", "sm-sharing")),
+        ("defaults: {computeMode: time-slicing}\n", ("time-slicing",)),
+        ("defaults: {computeMode: sm-sharing}\n", ("sm-sharing",)),
+    ],
+)
+def test_compute_mode_auto_by_default_or_pinned(body: str, modes: tuple[str, ...]) -> None:
+    config = parse(body)
+    assert [config.for_gpu(g).modes for g in gpus()] == [modes] * 4
+
+
+def test_a_pinned_gpu_among_auto_ones_and_auto_over_a_pinned_default() -> None:
+    g = gpus()
+    pinned = parse("gpus: [{selector: {index: 1}, computeMode: sm-sharing}]\n")
+    assert [pinned.for_gpu(x).modes for x in g] == [
+        ("time-slicing", "sm-sharing"),
+        ("sm-sharing",),
+        ("time-slicing", "sm-sharing"),
+        ("time-slicing", "sm-sharing"),
+    ]
+    released = parse(
+        """
+        defaults: {computeMode: time-slicing}
+        gpus: [{selector: {product: NVIDIA H200}, computeMode: auto}]
+        """
+    )
+    assert [released.for_gpu(x).compute_mode for x in g] == [
+        "auto",
+        "auto",
+        "time-slicing",
+        "time-slicing",
+    ]
+
+
+def test_extended_resources_opt_in() -> None:
+    assert parse("extendedResources: true\n").extended_resources is True
+    assert parse("extendedResources: false\n") == NodeConfig()
 
 
 def test_gpu_config_defaults_match_node_defaults() -> None:

@@ -15,7 +15,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.config import NodeConfig
+from dra_driver.config import GpuConfig, NodeConfig
 from dra_driver.gpus import Inventory, SimulatedGpuSource
 from dra_driver.metrics import Metrics
 from dra_driver.publisher import PublishError, SlicePublisher, is_retryable
@@ -26,14 +26,26 @@ from tests.support.apiserver_stub import ApiStub, StubError
 DRIVER = DEFAULT_DRIVER_NAME
 NODE = "node-a"
 SERIALIZER = k8s.ApiClient()
+DEFAULTS = NodeConfig()
+CAPACITY = NodeConfig(defaults=GpuConfig(fraction_model="capacity"))
+"""Every GPU on the capacity model: devices with ``memory`` quantities in bytes."""
+BIG = "simulated:H200x8,L4x8"
+"""16 GPUs: two counter slices and one device slice, one slice more than an H200x8 node."""
 
 
 def inventory(spec: str = "simulated:H200x8", node: str = NODE) -> Inventory:
     return SimulatedGpuSource(spec, seed=node).discover()
 
 
-def desired(spec: str = "simulated:H200x8", node: str = NODE, **kw: Any) -> list[dict[str, Any]]:
-    return build_slices(inventory(spec, node), NodeConfig(), DRIVER, node, **kw)
+def desired(
+    spec: str = "simulated:H200x8",
+    node: str = NODE,
+    config: NodeConfig = DEFAULTS,
+    **kw: Any,
+) -> list[dict[str, Any]]:
+    """The node's slices; H200x8 with the default configuration: a counter slice and a device
+    slice."""
+    return build_slices(inventory(spec, node), config, DRIVER, node, **kw)
 
 
 class Store:
@@ -148,6 +160,10 @@ def pool_state(store: Store, node: str = NODE) -> set[tuple[int, int]]:
     }
 
 
+def store_devices(store: Store) -> list[dict[str, Any]]:
+    return [d for o in store.objects.values() for d in o["spec"].get("devices", [])]
+
+
 def stored_specs(store: Store, node: str = NODE) -> dict[str, dict[str, Any]]:
     return {n: o["spec"] for n, o in store.objects.items() if o["spec"]["nodeName"] == node}
 
@@ -163,14 +179,14 @@ def test_first_publish_creates_then_nothing_changes() -> None:
     assert result.created == tuple(s["metadata"]["name"] for s in want)
     assert result.updated == result.deleted == ()
     assert result.generations == {NODE: 1}
-    assert api.writes == 3 and pool_state(api.store) == {(1, 3)}
+    assert api.writes == 2 and pool_state(api.store) == {(1, 2)}
     assert {n: normalize_spec(s) for n, s in stored_specs(api.store).items()} == {
         s["metadata"]["name"]: normalize_spec(s["spec"]) for s in want
     }
 
     again = pub.publish(desired())
     assert again.writes == 0 and not again.changed
-    assert api.writes == 3
+    assert api.writes == 2
     assert again.generations == {NODE: 1}
 
 
@@ -181,7 +197,7 @@ def test_restart_writes_nothing_and_deletes_nothing() -> None:
     fresh, _ = publisher(api)  # a new plugin process, same inventory
     result = fresh.publish(desired())
     assert api.writes == 0 and result.writes == 0
-    assert len(api.store.objects) == 3
+    assert len(api.store.objects) == 2
 
 
 def test_changed_content_updates_every_slice_with_bumped_generation() -> None:
@@ -191,12 +207,12 @@ def test_changed_content_updates_every_slice_with_bumped_generation() -> None:
     gpu3 = inventory().gpus[3]
     api.calls.clear()
     result = pub.publish(desired(enforcement={gpu3.uuid: "hard"}))
-    # only one device slice changed in content, but the pool generation moves for all
+    # only the device slice changed in content, but the pool generation moves for all
     assert sorted(result.updated) == sorted(api.store.objects)
     assert result.created == result.deleted == ()
     assert result.generations == {NODE: 2}
-    assert pool_state(api.store) == {(2, 3)}
-    assert api.calls["replace"] == 3 and api.calls["create"] == 0
+    assert pool_state(api.store) == {(2, 2)}
+    assert api.calls["replace"] == 2 and api.calls["create"] == 0
     enforced = [
         d["attributes"]["memoryEnforcement"]["string"]
         for o in api.store.objects.values()
@@ -211,8 +227,8 @@ def test_changed_content_updates_every_slice_with_bumped_generation() -> None:
 def test_fewer_gpus_deletes_stale_slice_and_recounts() -> None:
     api = FakeResourceV1Api()
     pub, _ = publisher(api)
-    pub.publish(desired("simulated:H200x8"))
-    result = pub.publish(desired("simulated:H200x4"))  # 4 GPUs: 1 counter + 1 device slice
+    pub.publish(desired(BIG))
+    result = pub.publish(desired("simulated:H200x8"))  # 8 GPUs: 1 counter + 1 device slice
     assert result.deleted == (f"{NODE}-gpu-fraction-dra-dev-2",)
     assert len(result.updated) == 2
     assert pool_state(api.store) == {(2, 2)}
@@ -224,8 +240,8 @@ def test_fewer_gpus_deletes_stale_slice_and_recounts() -> None:
 def test_more_gpus_creates_with_the_new_generation() -> None:
     api = FakeResourceV1Api()
     pub, _ = publisher(api)
-    pub.publish(desired("simulated:H200x4"))
-    result = pub.publish(desired("simulated:H200x8"))
+    pub.publish(desired("simulated:H200x8"))
+    result = pub.publish(desired(BIG))
     assert result.created == (f"{NODE}-gpu-fraction-dra-dev-2",)
     assert pool_state(api.store) == {(2, 3)}
 
@@ -250,12 +266,17 @@ def test_other_nodes_and_drivers_untouched() -> None:
 
 def test_semantically_equal_quantities_are_not_rewritten() -> None:
     store = Store()
-    want = desired("simulated:H200x1")
+    want = desired("simulated:H200x1", config=CAPACITY)
     [gpu] = inventory("simulated:H200x1").gpus
     for s in copy.deepcopy(want):  # as if another client had written plain byte counts
-        for cs in s["spec"].get("sharedCounters", []):
-            cs["counters"]["memory"]["value"] = str(gpu.memory_bytes)
+        for d in s["spec"].get("devices", []):
+            memory = d["capacity"]["memory"]
+            memory["value"] = str(gpu.memory_bytes)
+            memory["requestPolicy"]["validRange"]["min"] = str(1024**3)
         store.create(s)
+    assert any(
+        d["capacity"]["memory"]["value"] == str(gpu.memory_bytes) for d in store_devices(store)
+    )
     api = FakeResourceV1Api(store)
     assert publisher(api)[0].publish(want).writes == 0
 
@@ -300,13 +321,13 @@ def test_removed_own_label_is_restored() -> None:
 def test_older_stale_slice_is_deleted_without_bumping() -> None:
     api = FakeResourceV1Api()
     pub, _ = publisher(api)
+    pub.publish(desired(BIG))
     pub.publish(desired("simulated:H200x8"))
-    pub.publish(desired("simulated:H200x4"))
     # a stale slice of generation 1 reappears (e.g. a deletion that failed earlier)
-    stale = desired("simulated:H200x8")[2]
+    stale = desired(BIG)[2]
     api.store.create(stale)
     api.calls.clear()
-    result = pub.publish(desired("simulated:H200x4"))
+    result = pub.publish(desired("simulated:H200x8"))
     assert result.deleted == (stale["metadata"]["name"],) and result.updated == ()
     assert result.generations == {NODE: 2}
 
@@ -332,8 +353,8 @@ def test_api_errors_are_retried_with_capped_backoff() -> None:
     result = pub.publish(desired())
     assert result.attempts == 4
     assert sleeps == [1.0, 2.0, 3.0]
-    assert pool_state(api.store) == {(1, 3)}
-    assert api.calls["create"] == 5  # 2 failed + 3 created
+    assert pool_state(api.store) == {(1, 2)}
+    assert api.calls["create"] == 4  # 2 failed + 2 created
 
 
 def test_partial_failure_leaves_a_consistent_pool() -> None:
@@ -514,14 +535,14 @@ def test_real_client_round_trip() -> None:
         server.store.create(desired(node="node-b")[0])
         pub = SlicePublisher(server.api(), DRIVER, NODE, sleep=lambda _: None)
         first = pub.publish(desired())
-        assert len(first.created) == 3 and server.methods["POST"] == 3
+        assert len(first.created) == 2 and server.methods["POST"] == 2
         server.methods.clear()
         assert SlicePublisher(server.api(), DRIVER, NODE).publish(desired()).writes == 0
         assert dict(server.methods) == {"GET": 1}
         gpu = inventory().gpus[0]
         changed = pub.publish(desired(enforcement={gpu.uuid: "hard"}))
-        assert len(changed.updated) == 3 and server.methods["PUT"] == 3
-        assert pool_state(server.store) == {(2, 3)}
+        assert len(changed.updated) == 2 and server.methods["PUT"] == 2
+        assert pool_state(server.store) == {(2, 2)}
         assert pub.publish([]).deleted and list(server.store.objects) == [
             "node-b-gpu-fraction-dra-dev-0"
         ]

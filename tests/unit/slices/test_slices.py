@@ -1,10 +1,12 @@
-"""ResourceSlice planning and bodies: layout, limits, attributes, memory safety of products."""
+"""ResourceSlice planning and bodies: layout, limits, attributes, and the safety of the published
+model (a GPU serves one device at a time; no device holds more than its GPU)."""
 
 from __future__ import annotations
 
 import json
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from fractions import Fraction
 from typing import Any
 
@@ -21,9 +23,11 @@ from dra_driver.config import (
     GpuSelector,
     NodeConfig,
     Product,
+    slots_for,
 )
 from dra_driver.configload import parse_node_config
-from dra_driver.gpus import MIB, Inventory, SimulatedGpuSource, SkippedGpu
+from dra_driver.devices import FractionDevice
+from dra_driver.gpus import MIB, Gpu, Inventory, SimulatedGpuSource, SkippedGpu
 from dra_driver.gpus.simulated import PROFILES
 from dra_driver.quantities import quantity_value
 from dra_driver.slices import (
@@ -78,6 +82,29 @@ def check_attribute_names(device: Mapping[str, Any]) -> None:
         assert not domain or (DNS_SUBDOMAIN.match(domain) and len(domain) <= 63), name
 
 
+def check_memory_policy(capacity: Mapping[str, Any]) -> None:
+    """A capacity-model ``memory`` capacity: an on-grid default and max within the card."""
+    policy = capacity["requestPolicy"]
+    value = qty(capacity["value"])
+    lo, step = qty(policy["validRange"]["min"]), qty(policy["validRange"]["step"])
+    hi, default = qty(policy["validRange"]["max"]), qty(policy["default"])
+    assert lo + step <= value and lo <= default <= hi <= value
+    assert (default - lo) % step == 0 and (hi - lo) % step == 0
+    assert hi + step > value  # max is the largest on-grid amount
+
+
+def check_slots_policy(capacity: Mapping[str, Any]) -> None:
+    """A products-model ``slots`` capacity: whole sizes, ascending, at most 10 (the API's
+    ``CapacityRequestPolicy.validValues`` limit), the default among them, none above the GPU."""
+    policy = capacity["requestPolicy"]
+    assert set(policy) == {"default", "validValues"}
+    sizes = [qty(v) for v in policy["validValues"]]  # qty: whole slots only
+    assert 1 <= len(sizes) <= 10
+    assert sizes == sorted(set(sizes))  # strictly ascending
+    assert qty(policy["default"]) in sizes
+    assert sizes[0] > 0 and sizes[-1] <= qty(capacity["value"])
+
+
 def check_limits(slices: Sequence[Mapping[str, Any]], node: str, driver: str) -> None:
     """Structural rules of resource.k8s.io/v1 that the OpenAPI schema does not check."""
     if not slices:
@@ -101,7 +128,7 @@ def check_limits(slices: Sequence[Mapping[str, Any]], node: str, driver: str) ->
             assert all(DNS_LABEL.match(c) for c in cs["counters"])
             counter_sets[cs["name"]] = {k: qty(v["value"]) for k, v in cs["counters"].items()}
         devices = spec.get("devices", [])
-        assert len(devices) <= 64
+        assert len(devices) <= 64  # they consume counters and allow multiple allocations
         for d in devices:
             assert DNS_LABEL.match(d["name"]) and len(d["name"]) <= 63
             assert d["name"] not in device_names
@@ -114,65 +141,133 @@ def check_limits(slices: Sequence[Mapping[str, Any]], node: str, driver: str) ->
                     assert len(value["string"]) <= 64
                 if "version" in value:
                     assert SEMVER.match(value["version"]) and len(value["version"]) <= 64
-            assert len(d.get("consumesCounters", [])) <= 2
-            if d.get("allowMultipleAllocations"):
-                policy = d["capacity"]["memory"]["requestPolicy"]
-                value = qty(d["capacity"]["memory"]["value"])
-                lo, step = qty(policy["validRange"]["min"]), qty(policy["validRange"]["step"])
-                hi, default = qty(policy["validRange"]["max"]), qty(policy["default"])
-                assert lo + step <= value and lo <= default <= hi <= value
-                assert (default - lo) % step == 0 and (hi - lo) % step == 0
-                assert hi + step > value  # max is the largest on-grid amount
+            assert 1 <= len(d["consumesCounters"]) <= 2
+            assert d["allowMultipleAllocations"] is True
+            [(name, capacity)] = d["capacity"].items()
+            assert name in ("memory", "slots"), name
+            (check_memory_policy if name == "memory" else check_slots_policy)(capacity)
     # every consumption refers to a counter set of the pool and to its counters
     for d in slice_devices(slices):
-        for c in d.get("consumesCounters", []):
+        for c in d["consumesCounters"]:
             assert c["counterSet"] in counter_sets
             assert set(c["counters"]) <= set(counter_sets[c["counterSet"]])
 
 
-def check_memory_safety(slices: Sequence[Mapping[str, Any]]) -> None:
-    """No set of devices the scheduler may co-allocate on one GPU exceeds the card.
+def check_one_device_per_gpu_at_a_time(slices: Sequence[Mapping[str, Any]]) -> None:
+    """No GPU serves two devices at once, and no device holds more than its GPU.
 
-    For each counter set, the heaviest (by memory) subset of its devices that fits the ``slots``
-    counter (exact 0/1 knapsack) must fit the card; so must the memory counter itself, and each
-    device's consumption must equal its published memory capacity.
+    Every counter set is ``{gpu: 1}``, belongs to one GPU (``gpu-<index>``) and every device of
+    that GPU consumes all of it, once: the scheduler charges a device that allows multiple
+    allocations at its first share (``allocator_incubating.go``), so while one device of a GPU
+    has shares no other device of the GPU can be allocated. Within one device the scheduler
+    keeps the shares' sum within the capacity, which is the whole GPU (``memory``: the card's
+    bytes; ``slots``: ``slotsPerGpu``, the same on every products device of the pool).
     """
     counters = {
-        cs["name"]: {k: qty(v["value"]) for k, v in cs["counters"].items()}
-        for s in slices
-        for cs in s["spec"].get("sharedCounters", [])
+        cs["name"]: cs["counters"] for s in slices for cs in s["spec"].get("sharedCounters", [])
     }
-    by_set: dict[str, list[tuple[int, int]]] = {name: [] for name in counters}
-    card: dict[str, int] = {}
+    assert all(c == {"gpu": {"value": "1"}} for c in counters.values())
+    gpu_of_set: dict[str, str] = {}
+    set_of_gpu: dict[str, str] = {}
+    slots: set[int] = set()
     for d in slice_devices(slices):
-        for c in d.get("consumesCounters", []):
-            mem, slots = qty(c["counters"]["memory"]["value"]), qty(c["counters"]["slots"]["value"])
-            assert mem == qty(d["capacity"]["memory"]["value"]) > 0 and slots > 0
-            by_set[c["counterSet"]].append((slots, mem))
-            card[c["counterSet"]] = d["attributes"]["gpuMemory"]["int"]
-            portion = Fraction(d["attributes"]["portion"]["string"])
-            assert Fraction(slots, counters[c["counterSet"]]["slots"]) == portion
-    for name, items in by_set.items():
-        assert items, f"counter set {name} without devices"
-        total_slots, total_mem = counters[name]["slots"], counters[name]["memory"]
-        assert total_mem <= card[name]
-        best = [0] + [-1] * total_slots  # best[s]: max memory using exactly s slots
-        for slots, mem in items:
-            for s in range(total_slots, slots - 1, -1):
-                if best[s - slots] >= 0:
-                    best[s] = max(best[s], best[s - slots] + mem)
-        assert max(best) <= card[name]
-        # a device taking all slots excludes everything else
-        for slots, _ in items:
-            if slots == total_slots:
-                assert all(other > 0 for other, _ in items)
+        attrs = d["attributes"]
+        [consumption] = d["consumesCounters"]
+        assert consumption == {
+            "counterSet": f"gpu-{attrs['index']['int']}",
+            "counters": {"gpu": {"value": "1"}},
+        }
+        uuid = attrs["uuid"]["string"]
+        assert gpu_of_set.setdefault(consumption["counterSet"], uuid) == uuid
+        assert set_of_gpu.setdefault(uuid, consumption["counterSet"]) == consumption["counterSet"]
+        if "memory" in d["capacity"]:
+            assert qty(d["capacity"]["memory"]["value"]) == attrs["gpuMemory"]["int"]
+        else:
+            slots.add(qty(d["capacity"]["slots"]["value"]))
+    assert set(gpu_of_set) == set(counters)  # no counter set without devices
+    assert len(slots) <= 1
+
+
+def check_device_shapes(slices: Sequence[Mapping[str, Any]]) -> None:
+    """Names and attributes of the three kinds of device, and their order on a GPU.
+
+    Per GPU and compute mode there is one shared device ``gpu-<i>-<mode>`` (capacity model:
+    ``memory``; products model: ``slots`` with ``product: "*"`` and no ``portion``), and,
+    products model only, extended-resource devices ``gpu-<i>-<mode>-<product>`` listed before
+    it, each offering just its product's size (``portion`` x slots) as default and only value.
+    """
+    shared: dict[tuple[int, str], int] = {}
+    extended: dict[tuple[int, str], list[int]] = {}
+    for n, d in enumerate(slice_devices(slices)):
+        attrs = d["attributes"]
+        key = (attrs["index"]["int"], attrs["computeMode"]["string"])
+        assert key[1] in ("time-slicing", "sm-sharing")
+        base = f"gpu-{key[0]}-{key[1]}"
+        model = attrs["fractionModel"]["string"]
+        if model == "capacity":
+            assert "product" not in attrs and "portion" not in attrs
+        elif attrs["product"]["string"] != "*":
+            product, portion = attrs["product"]["string"], Fraction(attrs["portion"]["string"])
+            assert d["name"] == f"{base}-{product}"
+            policy = d["capacity"]["slots"]["requestPolicy"]
+            size = portion * qty(d["capacity"]["slots"]["value"])
+            assert policy == {"default": str(size), "validValues": [str(size)]}
+            extended.setdefault(key, []).append(n)
+            continue
+        else:  # the shared device of every product; a claim without slots takes the largest
+            assert model == "products" and "portion" not in attrs
+            policy = d["capacity"]["slots"]["requestPolicy"]
+            assert policy["default"] == policy["validValues"][-1]
+        assert d["name"] == base and key not in shared
+        shared[key] = n
+    for key, positions in extended.items():
+        assert max(positions) < shared[key]  # an ER device comes before its mode's device
 
 
 def check_all(slices: Sequence[Mapping[str, Any]], node: str = NODE, driver: str = DRIVER) -> None:
     check_limits(slices, node, driver)
-    check_memory_safety(slices)
+    check_one_device_per_gpu_at_a_time(slices)
+    check_device_shapes(slices)
     for s in slices:
         validate(s)
+
+
+def device_slices(slices: Sequence[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
+    return [s["spec"]["devices"] for s in slices if "devices" in s["spec"]]
+
+
+def attributes(gpu: Gpu, enforcement: str, mode: str) -> dict[str, Any]:
+    """Every attribute a device of a simulated H200 ``gpu`` carries, product ones aside."""
+    return {
+        "uuid": {"string": gpu.uuid},
+        "index": {"int": gpu.index},
+        "minor": {"int": gpu.minor},
+        "productName": {"string": "NVIDIA H200"},
+        "architecture": {"string": "hopper"},
+        "computeCapability": {"version": "9.0.0"},
+        "driverVersion": {"version": "615.71.9"},
+        "driverVersionString": {"string": "615.71.09"},
+        "cudaDriverVersion": {"version": "13.4.0"},
+        "gpuMemory": {"int": H200_MIB * MIB},
+        "smCount": {"int": 132},
+        "computeMode": {"string": mode},
+        "fractionModel": {"string": "products"},
+        "memoryEnforcement": {"string": enforcement},
+    }
+
+
+GPU_COUNTER = [{"counterSet": "gpu-0", "counters": {"gpu": {"value": "1"}}}]
+"""What every device of GPU 0 consumes: its GPU's one counter, in full."""
+
+DEFAULT_SLOTS = {
+    "slots": {"value": "8", "requestPolicy": {"default": "8", "validValues": ["1", "2", "4", "8"]}}
+}
+"""The shared device's capacity for the default products: eighth, quarter, half, full of 8."""
+
+MODES = ("time-slicing", "sm-sharing")
+
+TEN_PRODUCTS = tuple(Product(f"p{n}", Fraction(n, 16)) for n in (1, 2, 3, 4, 5, 6, 8, 10, 12, 16))
+"""The most products one list may hold (``MAX_PRODUCTS``): 10 sizes of 16 slots."""
 
 
 # --- fixed scenarios -----------------------------------------------------------------------
@@ -184,89 +279,144 @@ def test_default_h200x8_layout() -> None:
     assert [s["metadata"]["name"] for s in slices] == [
         "node-a-gpu-fraction-dra-dev-0",
         "node-a-gpu-fraction-dra-dev-1",
-        "node-a-gpu-fraction-dra-dev-2",
     ]
-    assert [len(s["spec"].get("sharedCounters", [])) for s in slices] == [8, 0, 0]
-    assert [len(s["spec"].get("devices", [])) for s in slices] == [0, 60, 60]
-    assert all(s["spec"]["pool"]["resourceSliceCount"] == 3 for s in slices)
+    assert [len(s["spec"].get("sharedCounters", [])) for s in slices] == [8, 0]
+    assert [len(s["spec"].get("devices", [])) for s in slices] == [0, 16]
+    assert all(s["spec"]["pool"]["resourceSliceCount"] == 2 for s in slices)
     assert all(s["metadata"]["labels"] == {"app.kubernetes.io/managed-by": DRIVER} for s in slices)
-    counters = slices[0]["spec"]["sharedCounters"][0]
-    assert counters == {
-        "name": "gpu-0",
-        "counters": {"memory": {"value": f"{H200_MIB}Mi"}, "slots": {"value": "8"}},
-    }
-    names = [d["name"] for d in slice_devices(slices)]
-    assert names[:15] == (
-        [f"gpu-0-eighth-{n}" for n in range(8)]
-        + [f"gpu-0-quarter-{n}" for n in range(4)]
-        + ["gpu-0-half-0", "gpu-0-half-1", "gpu-0-full-0"]
-    )
+    assert slices[0]["spec"]["sharedCounters"] == [
+        {"name": f"gpu-{i}", "counters": {"gpu": {"value": "1"}}} for i in range(8)
+    ]
+    devices = slice_devices(slices)
+    # compute mode auto: one shared device per mode and GPU, nothing per product
+    assert [d["name"] for d in devices] == [f"gpu-{i}-{m}" for i in range(8) for m in MODES]
+    for d in devices:
+        assert d["capacity"] == DEFAULT_SLOTS
+        assert d["attributes"]["product"] == {"string": "*"}
+        assert d["consumesCounters"] == [
+            {
+                "counterSet": f"gpu-{d['attributes']['index']['int']}",
+                "counters": {"gpu": {"value": "1"}},
+            }
+        ]
 
 
 def test_sixteen_gpus_need_two_counter_slices() -> None:
     slices = build_slices(inventory("simulated:L4x16"), NodeConfig(), DRIVER, NODE)
     check_all(slices)
-    assert [len(s["spec"].get("sharedCounters", [])) for s in slices] == [8, 8, 0, 0, 0, 0]
-    assert [len(s["spec"].get("devices", [])) for s in slices] == [0, 0, 60, 60, 60, 60]
+    assert [len(s["spec"].get("sharedCounters", [])) for s in slices] == [8, 8, 0]
+    assert [len(s["spec"].get("devices", [])) for s in slices] == [0, 0, 32]
 
 
-def test_heavy_node_one_gpu_per_device_slice() -> None:
-    products = tuple(
-        Product(name, Fraction(1, d))
-        for name, d in [("p32", 32), ("p16", 16), ("p8", 8), ("p4", 4), ("p2", 2), ("p1", 1)]
-    )
-    config = NodeConfig(defaults=GpuConfig(products=products))
-    slices = build_slices(inventory("simulated:H200x4,A100-80GBx4"), config, DRIVER, NODE)
+@pytest.mark.parametrize(
+    ("spec", "products", "counters", "devices"),
+    [
+        # 10 products: 2 modes x (10 + 1) = 22 devices per GPU; a third GPU would make 66
+        ("simulated:H200x8", TEN_PRODUCTS, [8, 0, 0, 0, 0], [0, 44, 44, 44, 44]),
+        # 7 products: 2 x 8 = 16 per GPU, four GPUs fill a slice exactly
+        ("simulated:H200x8", TEN_PRODUCTS[:7], [8, 0, 0], [0, 64, 64]),
+        ("simulated:L4x16", TEN_PRODUCTS, [8, 8] + [0] * 8, [0, 0] + [44] * 8),
+    ],
+)
+def test_extended_resource_devices_keep_within_64_per_slice_and_gpus_whole(
+    spec: str, products: tuple[Product, ...], counters: list[int], devices: list[int]
+) -> None:
+    config = NodeConfig(defaults=GpuConfig(products=products), extended_resources=True)
+    slices = build_slices(inventory(spec), config, DRIVER, NODE)
     check_all(slices)
-    assert [len(s["spec"].get("devices", [])) for s in slices] == [0] + [63] * 8
-    assert all(s["spec"]["pool"]["resourceSliceCount"] == 9 for s in slices)
-    for s in slices[1:]:
-        assert len({d["consumesCounters"][0]["counterSet"] for d in s["spec"]["devices"]}) == 1
+    assert [len(s["spec"].get("sharedCounters", [])) for s in slices] == counters
+    assert [len(s["spec"].get("devices", [])) for s in slices] == devices
+    assert all(s["spec"]["pool"]["resourceSliceCount"] == len(devices) for s in slices)
+    gpus_per_slice = [{d["attributes"]["index"]["int"] for d in ds} for ds in device_slices(slices)]
+    every = [i for gpus in gpus_per_slice for i in gpus]
+    assert len(every) == len(set(every)) == len(inventory(spec).gpus)  # no GPU split
 
 
 def test_product_device_body() -> None:
-    gpu = inventory("simulated:H200x1").gpus[0]
+    [gpu] = inventory("simulated:H200x1").gpus
     slices = build_slices(
         inventory("simulated:H200x1"), NodeConfig(), DRIVER, NODE, enforcement={gpu.uuid: "hard"}
     )
-    quarter = next(d for d in slice_devices(slices) if d["name"] == "gpu-0-quarter-1")
-    memory = H200_MIB * MIB // 4 // MIB * MIB  # rounded down to a whole MiB
-    assert quarter == {
-        "name": "gpu-0-quarter-1",
+    devices = {d["name"]: d for d in slice_devices(slices)}
+    assert list(devices) == ["gpu-0-time-slicing", "gpu-0-sm-sharing"]
+    for mode in MODES:
+        assert devices[f"gpu-0-{mode}"] == {
+            "name": f"gpu-0-{mode}",
+            "attributes": {
+                **attributes(gpu, "hard", mode),
+                "product": {"string": "*"},  # every product: the claim's slots say which
+                PCI_BUS_ID_ATTRIBUTE: {"string": "0000:18:00.0"},
+            },
+            "allowMultipleAllocations": True,
+            "capacity": DEFAULT_SLOTS,
+            "consumesCounters": GPU_COUNTER,
+        }
+
+
+def test_extended_resource_devices_come_before_the_shared_device() -> None:
+    [gpu] = inventory("simulated:H200x1").gpus
+    config = NodeConfig(extended_resources=True)
+    slices = build_slices(inventory("simulated:H200x1"), config, DRIVER, NODE)
+    check_all(slices)
+    devices = {d["name"]: d for d in slice_devices(slices)}
+    products = ["eighth", "quarter", "half", "full"]
+    assert list(devices) == [
+        name for m in MODES for name in [f"gpu-0-{m}-{p}" for p in products] + [f"gpu-0-{m}"]
+    ]
+    assert devices["gpu-0-sm-sharing-quarter"] == {
+        "name": "gpu-0-sm-sharing-quarter",
         "attributes": {
-            "uuid": {"string": gpu.uuid},
-            "index": {"int": 0},
-            "minor": {"int": 0},
-            "productName": {"string": "NVIDIA H200"},
-            "architecture": {"string": "hopper"},
-            "computeCapability": {"version": "9.0.0"},
-            "driverVersion": {"version": "615.71.9"},
-            "driverVersionString": {"string": "615.71.09"},
-            "cudaDriverVersion": {"version": "13.4.0"},
-            "gpuMemory": {"int": H200_MIB * MIB},
-            "smCount": {"int": 132},
-            "computeMode": {"string": "time-slicing"},
-            "fractionModel": {"string": "products"},
-            "memoryEnforcement": {"string": "hard"},
+            **attributes(gpu, "none", "sm-sharing"),
             "product": {"string": "quarter"},
             "portion": {"string": "1/4"},
             PCI_BUS_ID_ATTRIBUTE: {"string": "0000:18:00.0"},
         },
-        "capacity": {"memory": {"value": f"{memory // MIB}Mi"}},
-        "consumesCounters": [
-            {
-                "counterSet": "gpu-0",
-                "counters": {
-                    "memory": {"value": f"{memory // MIB}Mi"},
-                    "slots": {"value": "2"},
-                },
-            }
-        ],
+        "allowMultipleAllocations": True,
+        # an extended-resource claim takes the default: the product's 2 of 8 slots
+        "capacity": {
+            "slots": {"value": "8", "requestPolicy": {"default": "2", "validValues": ["2"]}}
+        },
+        "consumesCounters": GPU_COUNTER,
     }
-    full = next(d for d in slice_devices(slices) if d["name"] == "gpu-0-full-0")
-    assert full["consumesCounters"][0]["counters"] == {
-        "memory": {"value": f"{H200_MIB}Mi"},
-        "slots": {"value": "8"},
+    assert devices["gpu-0-sm-sharing"]["capacity"] == DEFAULT_SLOTS
+    assert devices["gpu-0-sm-sharing"]["attributes"]["product"] == {"string": "*"}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_pinned_compute_mode_gives_one_device_per_gpu(mode: str) -> None:
+    config = NodeConfig(defaults=GpuConfig(compute_mode=mode))
+    slices = build_slices(inventory("simulated:H200x2"), config, DRIVER, NODE)
+    check_all(slices)
+    devices = slice_devices(slices)
+    assert [d["name"] for d in devices] == [f"gpu-0-{mode}", f"gpu-1-{mode}"]
+    assert {d["attributes"]["computeMode"]["string"] for d in devices} == {mode}
+
+
+def test_auto_and_pinned_gpus_on_one_node() -> None:
+    config = NodeConfig(gpus=(GpuOverride(GpuSelector(index=1), compute_mode="sm-sharing"),))
+    assert config.defaults.compute_mode == "auto"
+    slices = build_slices(inventory("simulated:H200x2"), config, DRIVER, NODE)
+    check_all(slices)
+    assert [d["name"] for d in slice_devices(slices)] == [
+        "gpu-0-time-slicing",
+        "gpu-0-sm-sharing",
+        "gpu-1-sm-sharing",
+    ]
+
+
+def test_slots_per_gpu_sizes_every_product() -> None:
+    config = NodeConfig(slots_per_gpu=24, extended_resources=True)
+    slices = build_slices(inventory("simulated:H200x1"), config, DRIVER, NODE)
+    check_all(slices)
+    devices = {d["name"]: d for d in slice_devices(slices)}
+    assert devices["gpu-0-time-slicing"]["capacity"] == {
+        "slots": {
+            "value": "24",
+            "requestPolicy": {"default": "24", "validValues": ["3", "6", "12", "24"]},
+        }
+    }
+    assert devices["gpu-0-time-slicing-half"]["capacity"] == {
+        "slots": {"value": "24", "requestPolicy": {"default": "12", "validValues": ["12"]}}
     }
 
 
@@ -279,9 +429,11 @@ def test_capacity_device_body() -> None:
     slices = build_slices(inventory("simulated:H200x1,L4x1"), config, DRIVER, NODE)
     check_all(slices)
     devices = {d["name"]: d for d in slice_devices(slices)}
-    capacity = devices["gpu-0"]
+    # GPU 0 pinned to sm-sharing: one device; the L4 (index 1) stays on products, mode auto
+    assert list(devices) == ["gpu-0-sm-sharing", "gpu-1-time-slicing", "gpu-1-sm-sharing"]
+    capacity = devices["gpu-0-sm-sharing"]
     assert capacity["allowMultipleAllocations"] is True
-    assert "consumesCounters" not in capacity
+    assert capacity["consumesCounters"] == GPU_COUNTER
     top = 1024 + (H200_MIB - 1024) // 256 * 256  # 1Gi + n * 256Mi within the card (MiB)
     assert capacity["capacity"] == {
         "memory": {
@@ -295,8 +447,21 @@ def test_capacity_device_body() -> None:
     assert capacity["attributes"]["fractionModel"] == {"string": "capacity"}
     assert capacity["attributes"]["computeMode"] == {"string": "sm-sharing"}
     assert "product" not in capacity["attributes"] and "portion" not in capacity["attributes"]
-    # the L4 (index 1) stays on products: one counter set, gpu-1
-    assert [cs["name"] for s in slices for cs in s["spec"].get("sharedCounters", [])] == ["gpu-1"]
+    assert [cs["name"] for s in slices for cs in s["spec"].get("sharedCounters", [])] == [
+        "gpu-0",
+        "gpu-1",
+    ]
+
+
+def test_capacity_model_in_auto_mode_has_a_memory_device_per_mode() -> None:
+    config = NodeConfig(defaults=GpuConfig(fraction_model="capacity"), extended_resources=True)
+    slices = build_slices(inventory("simulated:H200x1"), config, DRIVER, NODE)
+    check_all(slices)
+    devices = {d["name"]: d for d in slice_devices(slices)}
+    assert list(devices) == ["gpu-0-time-slicing", "gpu-0-sm-sharing"]  # no ER devices
+    ts, sm = devices["gpu-0-time-slicing"], devices["gpu-0-sm-sharing"]
+    assert ts["capacity"] == sm["capacity"] and list(ts["capacity"]) == ["memory"]
+    assert ts["consumesCounters"] == sm["consumesCounters"] == GPU_COUNTER
 
 
 @pytest.mark.parametrize(
@@ -413,20 +578,37 @@ def test_long_node_name_gives_valid_deterministic_slice_names() -> None:
 
 def test_plan_devices_is_what_is_published() -> None:
     inv = inventory("simulated:H200x2,A100-80GBx1")
-    config = NodeConfig(gpus=(GpuOverride(GpuSelector(index=2), fraction_model="capacity"),))
+    config = NodeConfig(
+        gpus=(GpuOverride(GpuSelector(index=2), fraction_model="capacity"),),
+        extended_resources=True,
+    )
     devices = offered_devices(inv, config)
     slices = build_slices(inv, config, DRIVER, NODE)
     assert [d.name for d in devices] == [d["name"] for d in slice_devices(slices)]
     table = devices_by_name(inv, config)
-    quarter = table["gpu-1-quarter-3"]
-    assert quarter.gpu == inv.gpus[1]
+    shared = table["gpu-1-sm-sharing"]
+    assert shared == FractionDevice(
+        name="gpu-1-sm-sharing",
+        gpu=inv.gpus[1],
+        fraction_model="products",
+        product=None,
+        portion=None,
+        memory_bytes=inv.gpus[1].memory_bytes,
+        compute_mode="sm-sharing",
+        counter_set="gpu-1",
+        slots=8,
+        sizes=(1, 2, 4, 8),
+    )
+    quarter = table["gpu-1-time-slicing-quarter"]
     assert quarter.product == "quarter" and quarter.portion == Fraction(1, 4)
-    assert quarter.memory_bytes == H200_MIB * MIB // 4 // MIB * MIB
+    assert quarter.memory_bytes == inv.gpus[1].memory_bytes  # a share's memory is its slots
+    assert (quarter.slots, quarter.sizes, quarter.counter_set) == (8, (2,), "gpu-1")
     assert quarter.compute_mode == "time-slicing"
-    assert table["gpu-1-full-0"].memory_bytes == inv.gpus[1].memory_bytes
-    cap = table["gpu-2"]
+    cap = table["gpu-2-time-slicing"]
     assert cap.fraction_model == "capacity" and cap.product is None and cap.portion is None
     assert cap.memory_bytes == inv.gpus[2].memory_bytes
+    assert (cap.slots, cap.sizes, cap.counter_set) == (0, (), "gpu-2")
+    assert [n for n in table if n.startswith("gpu-2")] == ["gpu-2-time-slicing", "gpu-2-sm-sharing"]
 
 
 def test_render_slices_json_matches_build(tmp_path: Any) -> None:
@@ -466,8 +648,6 @@ def test_semver(text: str, expected: str | None) -> None:
 
 
 def test_unparseable_driver_version_is_a_string() -> None:
-    from dataclasses import replace
-
     gpu = replace(inventory("simulated:L4x1").gpus[0], driver_version="r615-beta_1 build 7")
     slices = build_slices(Inventory(gpus=(gpu,)), NodeConfig(), DRIVER, NODE)
     attrs = slice_devices(slices)[0]["attributes"]
@@ -487,17 +667,14 @@ def test_driver_version_as_semver_and_as_the_driver_prints_it() -> None:
 
 MODELS = ["H200", "A100-80GB", "V100-32GB", "L4", "A100-80GB-MIG", "H100-80GB"]
 PORTIONS = [Fraction(n, d) for d in (1, 2, 3, 4, 5, 6, 8, 16) for n in range(1, d + 1)]
+COMPUTE_MODE_SETTINGS = ["auto", "time-slicing", "sm-sharing"]
 
 
 @st.composite
 def product_lists(draw: st.DrawFn, names: Sequence[str]) -> tuple[Product, ...]:
-    chosen = draw(st.lists(st.sampled_from(names), min_size=1, max_size=5, unique=True))
-    products: list[Product] = []
-    for name in chosen:
-        portion = PORTIONS[names.index(name) * 7 % len(PORTIONS)]  # one name, one portion
-        if sum(p.count for p in products) + int(1 / portion) <= 64:
-            products.append(Product(name, portion))
-    return tuple(products)
+    chosen = draw(st.lists(st.sampled_from(names), min_size=1, max_size=10, unique=True))
+    # one name, one portion (the loader's rule: a product's DeviceClass is cluster-wide)
+    return tuple(Product(n, PORTIONS[names.index(n) * 7 % len(PORTIONS)]) for n in chosen)
 
 
 @st.composite
@@ -526,7 +703,7 @@ def nodes(draw: st.DrawFn) -> tuple[str, NodeConfig]:
             GpuOverride(
                 selector,
                 fraction_model=draw(st.sampled_from([None, "products", "capacity"])),
-                compute_mode=draw(st.sampled_from([None, "time-slicing", "sm-sharing"])),
+                compute_mode=draw(st.sampled_from([None, *COMPUTE_MODE_SETTINGS])),
                 products=draw(st.one_of(st.none(), product_lists(names))),
                 capacity=draw(
                     st.sampled_from(
@@ -538,10 +715,17 @@ def nodes(draw: st.DrawFn) -> tuple[str, NodeConfig]:
         )
     defaults = GpuConfig(
         fraction_model=draw(st.sampled_from(["products", "products", "capacity"])),
-        compute_mode=draw(st.sampled_from(["time-slicing", "sm-sharing"])),
+        compute_mode=draw(st.sampled_from(COMPUTE_MODE_SETTINGS)),
         products=draw(product_lists(names)),
     )
-    return spec, NodeConfig(defaults=defaults, gpus=tuple(overrides))
+    config = NodeConfig(defaults=defaults, gpus=tuple(overrides))
+    # slotsPerGpu: unset (the products' common denominator) or a multiple of it (loader rule)
+    multiple = draw(st.sampled_from([None, 1, 3]))
+    return spec, replace(
+        config,
+        slots_per_gpu=multiple and multiple * slots_for(config.all_products()),
+        extended_resources=draw(st.booleans()),
+    )
 
 
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -559,24 +743,41 @@ def test_any_node_publishes_valid_safe_slices(
     published = slice_devices(slices)
     planned = offered_devices(inv, config)
     assert [d.name for d in planned] == [d["name"] for d in published]
+    for gpu in inv.gpus:
+        cfg = config.for_gpu(gpu)
+        mine = [d for d in planned if d.gpu == gpu]
+        if gpu.mig_enabled or not cfg.enabled:
+            assert mine == []
+            continue
+        # one shared device per mode the GPU is offered in (both for auto), in that order
+        assert [d.compute_mode for d in mine if d.product is None] == list(cfg.modes)
+        per_mode = 1
+        if cfg.fraction_model == "products" and config.extended_resources:
+            per_mode += len(cfg.products)
+        assert len(mine) == per_mode * len(cfg.modes)
     for device, body in zip(planned, published, strict=True):
-        assert not device.gpu.mig_enabled
-        assert (
-            qty(body["capacity"]["memory"]["value"])
-            == device.memory_bytes
-            <= device.gpu.memory_bytes
-        )
+        cfg = config.for_gpu(device.gpu)
+        assert device.fraction_model == cfg.fraction_model
+        assert device.memory_bytes == device.gpu.memory_bytes
+        assert device.counter_set == f"gpu-{device.gpu.index}"
         attrs = body["attributes"]
         assert attrs["uuid"]["string"] == device.gpu.uuid
-        assert attrs["computeMode"]["string"] == config.for_gpu(device.gpu).compute_mode
+        assert attrs["computeMode"]["string"] == device.compute_mode
         assert attrs["memoryEnforcement"]["string"] == enforcement[device.gpu.uuid]
-        if device.fraction_model == "products":
+        if device.fraction_model == "capacity":
+            assert qty(body["capacity"]["memory"]["value"]) == device.gpu.memory_bytes
+            continue
+        # whole slots of slotsPerGpu, one size per product, none above the GPU
+        assert device.slots == config.slots == qty(body["capacity"]["slots"]["value"])
+        offered = {p.portion * config.slots for p in cfg.products}
+        if device.product is None:
+            assert set(device.sizes) == offered
+        else:
             assert device.portion is not None
-            assert device.memory_bytes == (
-                device.gpu.memory_bytes
-                if device.portion == 1
-                else int(device.portion * device.gpu.memory_bytes) // MIB * MIB
-            )
+            assert device.sizes == (device.portion * config.slots,)
+        assert all(int(s) == s and 0 < s <= device.slots for s in device.sizes)
+        policy = body["capacity"]["slots"]["requestPolicy"]
+        assert [qty(v) for v in policy["validValues"]] == list(device.sizes)
 
 
 def test_pre_volta_gpu_not_offered_and_warned() -> None:

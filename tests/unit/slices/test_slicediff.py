@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.config import NodeConfig
+from dra_driver.config import GpuConfig, NodeConfig
 from dra_driver.gpus import SimulatedGpuSource
 from dra_driver.slicediff import (
     SliceWrite,
@@ -25,11 +25,23 @@ from dra_driver.slices import build_slices
 
 DRIVER = DEFAULT_DRIVER_NAME
 NODE = "node-a"
+DEFAULTS = NodeConfig()
+CAPACITY = NodeConfig(defaults=GpuConfig(fraction_model="capacity"))
+"""Every GPU on the capacity model: devices with ``memory`` quantities in bytes."""
+BIG = "simulated:H200x8,L4x8"
+"""16 GPUs: two counter slices and one device slice, one slice more than an H200x8 node."""
 
 
-def desired(spec: str = "simulated:H200x8", node: str = NODE, **kw: Any) -> list[dict[str, Any]]:
+def desired(
+    spec: str = "simulated:H200x8",
+    node: str = NODE,
+    config: NodeConfig = DEFAULTS,
+    **kw: Any,
+) -> list[dict[str, Any]]:
+    """The node's slices; H200x8 with the default configuration: a counter slice and a device
+    slice."""
     inventory = SimulatedGpuSource(spec, seed=node).discover()
-    return build_slices(inventory, NodeConfig(), DRIVER, node, **kw)
+    return build_slices(inventory, config, DRIVER, node, **kw)
 
 
 def stored(bodies: list[dict[str, Any]], generation: int = 1) -> list[dict[str, Any]]:
@@ -83,13 +95,15 @@ def test_desired_generation_above_the_stored_one_wins() -> None:
 
 
 def test_quantities_compare_by_value_and_empty_fields_are_ignored() -> None:
-    want = desired("simulated:H200x1")
+    want = desired("simulated:H200x1", config=CAPACITY)
     have = stored(want)
     memory = SimulatedGpuSource("simulated:H200x1", seed=NODE).discover().gpus[0].memory_bytes
     for obj in have:
-        for counter_set in obj["spec"].get("sharedCounters", []):
-            counter_set["counters"]["memory"]["value"] = str(memory)
+        for device in obj["spec"].get("devices", []):  # byte counts instead of 141Gi, 1Gi
+            device["capacity"]["memory"]["value"] = str(memory)
+            device["capacity"]["memory"]["requestPolicy"]["validRange"]["min"] = str(1024**3)
         obj["spec"]["devices"] = obj["spec"].get("devices") or []  # the server's empty list
+    assert have[1]["spec"] != want[1]["spec"]
     assert diff_slices(want, have).writes == ()
     assert normalize_spec(have[0]["spec"]) == normalize_spec(want[0]["spec"] | {"devices": []})
 
@@ -125,8 +139,8 @@ def test_changed_owner_reference_is_a_change() -> None:
 
 
 def test_fewer_slices_updates_then_deletes_sorted_last() -> None:
-    have = stored(desired("simulated:H200x8"))
-    diff = diff_slices(desired("simulated:H200x4"), list(reversed(have)))
+    have = stored(desired(BIG))
+    diff = diff_slices(desired("simulated:H200x8"), list(reversed(have)))
     assert ops(diff.writes) == [
         ("update", f"{NODE}-gpu-fraction-dra-dev-0"),
         ("update", f"{NODE}-gpu-fraction-dra-dev-1"),
@@ -137,15 +151,15 @@ def test_fewer_slices_updates_then_deletes_sorted_last() -> None:
 
 
 def test_older_stale_slice_is_deleted_without_a_bump() -> None:
-    have = stored(desired("simulated:H200x4"), generation=2) + stored(desired()[2:], 1)
-    diff = diff_slices(desired("simulated:H200x4"), have)
+    have = stored(desired(), generation=2) + stored(desired(BIG)[2:], 1)
+    diff = diff_slices(desired(), have)
     assert ops(diff.writes) == [("delete", f"{NODE}-gpu-fraction-dra-dev-2")]
     assert diff.generations == {NODE: 2}
 
 
 def test_stale_slice_of_the_same_generation_forces_a_bump() -> None:
-    have = stored(desired("simulated:H200x4"), generation=2) + stored(desired()[2:], 2)
-    diff = diff_slices(desired("simulated:H200x4"), have)
+    have = stored(desired(), generation=2) + stored(desired(BIG)[2:], 2)
+    diff = diff_slices(desired(), have)
     assert [w.op for w in diff.writes] == ["update", "update", "delete"]
     assert diff.generations == {NODE: 3}
 
