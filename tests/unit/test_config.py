@@ -46,7 +46,8 @@ def test_no_file_gives_defaults() -> None:
     for gpu in gpus():
         cfg = config.for_gpu(gpu)
         assert cfg.fraction_model == "products"
-        assert cfg.compute_mode == "time-slicing"
+        assert cfg.compute_mode == "auto"
+        assert cfg.modes == ("time-slicing", "sm-sharing")  # the mode follows the claims
         assert [(p.name, p.portion_text) for p in cfg.products] == [
             ("eighth", "1/8"),
             ("quarter", "1/4"),
@@ -58,6 +59,7 @@ def test_no_file_gives_defaults() -> None:
         assert cfg.capacity.default is None
         assert cfg.enabled
     assert sum(p.count for p in DEFAULT_PRODUCTS) == 15
+    assert (config.slots, config.extended_resources) == (8, False)
 
 
 def test_minimal_file_equals_defaults() -> None:
