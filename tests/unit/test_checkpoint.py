@@ -21,7 +21,7 @@ from dra_driver.checkpoint import (
 from dra_driver.claimplan import ClaimRef
 from tests.support import claimfactory as cf
 from tests.support.fakes.plans import GIB, device, gpu, plan
-from tests.support.node import NODE, Node
+from tests.support.node import Node
 from tests.support.paths import TEST_DATA
 
 UID = "0c000000-0000-4000-8000-00000000000c"
@@ -171,6 +171,7 @@ FIXTURE_UIDS = {"0a000000-0000-4000-8000-00000000000a", "0b000000-0000-4000-8000
 holds ``gpu-0-full-0`` (a whole GPU 0, time-slicing, exclusive), ``0b..`` a 40Gi sm-sharing
 share of the capacity device ``gpu-1``. On ``MIXED_CONFIG`` GPU 0 now offers
 ``gpu-0-time-slicing`` and ``gpu-0-sm-sharing`` (products), GPU 1 ``gpu-1-sm-sharing``."""
+
 
 def _install(node: Node, doc: dict[str, Any]) -> None:
     node.state_dir.mkdir(parents=True, exist_ok=True)
