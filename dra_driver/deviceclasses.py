@@ -19,8 +19,10 @@ devices, which have no ``product`` attribute. Quota counts devices per class:
 class also carries ``extendedResourceName`` ``<driver>/<product>[-sm-sharing]``.
 
 The shipped ``manifests/deviceclasses/*.yaml`` are the rendering of the default configuration
-for the default driver; regenerate them with ``python -m dra_driver.deviceclasses --write
-manifests/deviceclasses`` (a test fails when they drift).
+for the default driver: one file per class and :data:`POLICY_FILE`, the sizing admission
+policy and its binding (:mod:`dra_driver.sizing`), so ``kubectl apply -f
+manifests/deviceclasses/`` installs both. Regenerate them with ``python -m
+dra_driver.deviceclasses --write manifests/deviceclasses`` (a test fails when they drift).
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ HEADER = (
     "# from the default node configuration; do not edit by hand.\n"
 )
 """First lines of every rendered DeviceClass file."""
+
+POLICY_FILE = "product-sizes.yaml"
+"""Rendered file holding the sizing MutatingAdmissionPolicy and its binding, as two YAML
+documents."""
 
 
 def device_class_name(product: str | None, compute_mode: str) -> str:
@@ -144,23 +150,44 @@ def build_device_classes(
     return classes
 
 
-def render_device_class_files(classes: Sequence[dict[str, Any]]) -> dict[str, str]:
-    """File name (``<class>.yaml``) -> YAML text (with :data:`HEADER`) for each class."""
-    return {
-        f"{c['metadata']['name']}.yaml": HEADER
-        + yaml.safe_dump(c, sort_keys=False, default_flow_style=False, width=4096)
-        for c in classes
-    }
+def _yaml(obj: dict[str, Any]) -> str:
+    return yaml.safe_dump(obj, sort_keys=False, default_flow_style=False, width=4096)
+
+
+def render_device_class_files(
+    classes: Sequence[dict[str, Any]], policy: Sequence[dict[str, Any]] = ()
+) -> dict[str, str]:
+    """File name (``<class>.yaml``) -> YAML text (with :data:`HEADER`) for each class, and
+    :data:`POLICY_FILE` -> the ``policy`` objects as one YAML stream when there are any."""
+    files = {f"{c['metadata']['name']}.yaml": HEADER + _yaml(c) for c in classes}
+    if policy:
+        files[POLICY_FILE] = HEADER + "---\n".join(_yaml(o) for o in policy)
+    return files
+
+
+def manifest_files(
+    config: NodeConfig | None = None, driver: str = DEFAULT_DRIVER_NAME
+) -> dict[str, str]:
+    """The classes of ``config`` (default: the default configuration) for ``driver`` in every
+    mode, the capacity classes, and the sizing policy of its products, rendered to files."""
+    # Imported here: dra_driver.sizing imports this module (class names).
+    from dra_driver.sizing import sizing_policy
+
+    return render_device_class_files(
+        build_device_classes(config, driver=driver), sizing_policy(config, driver=driver)
+    )
 
 
 def default_device_class_files() -> dict[str, str]:
-    """The shipped manifests: default configuration, default driver, all modes, capacity."""
-    return render_device_class_files(build_device_classes())
+    """The shipped manifests: default configuration, default driver, all modes, capacity,
+    and the sizing policy (:data:`POLICY_FILE`)."""
+    return manifest_files()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m dra_driver.deviceclasses [--config FILE] [--driver NAME] (--write DIR |
-    --check DIR)``; without ``--write``/``--check`` print all classes as one YAML stream.
+    --check DIR)``: one ``<class>.yaml`` per class and :data:`POLICY_FILE`; without
+    ``--write``/``--check`` print them all as one YAML stream.
 
     Returns 0, or 1 when ``--check`` finds the directory out of date.
     """
@@ -173,9 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     group.add_argument("--write", metavar="DIR", help="write one <class>.yaml per class")
     group.add_argument("--check", metavar="DIR", help="exit 1 if DIR differs from the output")
     args = parser.parse_args(argv)
-    files = render_device_class_files(
-        build_device_classes(load_node_config(args.config), driver=args.driver)
-    )
+    files = manifest_files(load_node_config(args.config), driver=args.driver)
     if args.write:
         os.makedirs(args.write, exist_ok=True)
         for name, text in files.items():

@@ -15,6 +15,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -28,7 +29,7 @@ from dra_driver.kubelet.server import SocketPaths
 from tests.support import claimfactory as cf
 from tests.support.apiserver_stub import ClaimServer
 from tests.support.kubelet import kubelet_connect
-from tests.support.node import Node
+from tests.support.node import Node, plugin_devices, share_result
 
 CLI = [sys.executable, "-m", "dra_driver"]
 
@@ -85,6 +86,11 @@ def _free_port() -> int:
         return port
 
 
+PLUGIN_NODE = "n1"
+PLUGIN_GPUS = "simulated:H200x1"
+"""Node name and GPUs of the plugin :func:`_start_plugin` runs."""
+
+
 def _start_plugin(
     tmp: str, api: ClaimServer, *extra: str
 ) -> tuple[subprocess.Popen[str], SocketPaths]:
@@ -94,8 +100,8 @@ def _start_plugin(
         [
             *CLI,
             "kubelet-plugin",
-            "--node-name=n1",
-            "--gpus=simulated:H200x1",
+            f"--node-name={PLUGIN_NODE}",
+            f"--gpus={PLUGIN_GPUS}",
             f"--kubeconfig={kubeconfig}",
             f"--plugin-dir={tmp}/p",
             f"--registry-dir={tmp}/r",
@@ -114,6 +120,14 @@ def _start_plugin(
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
         time.sleep(0.1)
     return proc, paths
+
+
+def _quarter() -> dict[str, Any]:
+    """A quarter of GPU 0 of the plugin :func:`_start_plugin` runs, as the scheduler allocates
+    it: a share of ``gpu-0-time-slicing``."""
+    return share_result(
+        plugin_devices(PLUGIN_GPUS, PLUGIN_NODE)["gpu-0-time-slicing"], PLUGIN_NODE, "quarter"
+    )
 
 
 def _stop(proc: subprocess.Popen[str]) -> str:
@@ -161,7 +175,7 @@ def _prepare_over_socket(paths: SocketPaths, meta: dict[str, str]) -> None:
 def test_metrics_scraped_from_running_plugin() -> None:
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="drac-") as tmp, ClaimServer() as api:
-        claim = cf.claim([cf.result("gpu-0-quarter-1", "n1")])
+        claim = cf.claim([_quarter()])
         api.add(claim)
         m = claim["metadata"]
         proc, paths = _start_plugin(tmp, api, f"--metrics-port={port}")
@@ -178,7 +192,7 @@ def test_metrics_scraped_from_running_plugin() -> None:
     [limit] = families["dra_gpu_fraction_claim_memory_limit_bytes"].samples
     assert limit.labels["claim_uid"] == m["uid"]
     assert limit.labels["compute_mode"] == "time-slicing"
-    [h200] = SimulatedGpuSource("simulated:H200x1", seed="n1").discover().gpus
+    [h200] = SimulatedGpuSource(PLUGIN_GPUS, seed=PLUGIN_NODE).discover().gpus
     assert limit.value == h200.memory_bytes // 4 // MIB * MIB
 
 
@@ -268,7 +282,7 @@ def test_plugin_modes_do_not_depend_on_the_umask() -> None:
     sockets and state owner-only, CDI specs readable by the runtime (issue 10, item 11)."""
     with tempfile.TemporaryDirectory(prefix="drac-") as tmp, ClaimServer() as api:
         root = Path(tmp)
-        claim = cf.claim([cf.result("gpu-0-quarter-1", "n1")])
+        claim = cf.claim([_quarter()])
         api.add(claim)
         m = claim["metadata"]
         old = os.umask(0)

@@ -38,11 +38,14 @@ from tests.support import claimfactory as cf
 from tests.support.apiserver_stub import ClaimServer
 from tests.support.crashcheck import ABSENT, PREPARED, claim_state, spec_device_ids
 from tests.support.kubelet import Kubelet, kubelet_connect
-from tests.support.node import NODE
+from tests.support.node import NODE, plugin_devices, share_result
 
 TRIALS = int(os.environ.get("DRA_CRASH_TRIALS", "3"))
 SEED = int(os.environ.get("DRA_CRASH_SEED", str(time.time_ns() % 1_000_000)))
 PHASES = ("prepare", "unprepare", "start-up")
+GPUS = "simulated:H200x2"
+DEVICES = plugin_devices(GPUS, NODE)
+"""The plugin's devices (default node configuration)."""
 READY_LINE = "simulated node hardware ready"
 """Logged by the plugin just before it builds the driver and reconciles (start-up proper)."""
 
@@ -73,7 +76,7 @@ class Plugin:
                     *CLI,
                     "kubelet-plugin",
                     f"--node-name={NODE}",
-                    "--gpus=simulated:H200x2",
+                    f"--gpus={GPUS}",
                     f"--kubeconfig={kubeconfig}",
                     f"--plugin-dir={self.root}/p",
                     f"--registry-dir={self.root}/r",
@@ -151,10 +154,11 @@ class Experiment:
 
     def claims(self) -> list[dict[str, Any]]:
         """Fresh claims: one quarter, one claim on both GPUs (its own MPS server), one half."""
+        gpu0, gpu1 = (DEVICES[f"gpu-{i}-time-slicing"] for i in (0, 1))
         made = [
-            cf.claim([cf.result("gpu-0-quarter-0", NODE)]),
-            cf.claim([cf.result("gpu-0-eighth-0", NODE), cf.result("gpu-1-eighth-0", NODE)]),
-            cf.claim([cf.result("gpu-1-half-0", NODE)]),
+            cf.claim([share_result(gpu0, NODE, "quarter")]),
+            cf.claim([share_result(gpu0, NODE, "eighth"), share_result(gpu1, NODE, "eighth")]),
+            cf.claim([share_result(gpu1, NODE, "half")]),
         ]
         for c in made:
             self.plugin.api.add(c)

@@ -37,6 +37,7 @@ from dra_driver.config import default_node_config
 from dra_driver.configload import load_node_config, parse_node_config_text
 from dra_driver.deviceclasses import build_device_classes
 from dra_driver.params import ParameterError, parse_parameters
+from dra_driver.sizing import sizing_policy
 from tests.support import k8sschema
 from tests.support.paths import REPO
 
@@ -359,11 +360,24 @@ def canonical(objs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {o["metadata"]["name"]: o for o in objs}
 
 
+def shipped_deviceclass_dir() -> list[dict[str, Any]]:
+    """Every object in ``manifests/deviceclasses/`` (classes and the sizing policy)."""
+    return [d for p in sorted((MANIFESTS / "deviceclasses").glob("*.yaml")) for d in file_docs(p)]
+
+
 def test_chart_deviceclasses_equal_the_generated_ones() -> None:
     chart = canonical(of_kind(rendered_objects(), "DeviceClass"))
     assert chart == canonical(build_device_classes())
-    shipped = [d for p in (MANIFESTS / "deviceclasses").glob("*.yaml") for d in file_docs(p)]
-    assert chart == canonical(shipped)
+    assert chart == canonical(of_kind(shipped_deviceclass_dir(), "DeviceClass"))
+
+
+@pytest.mark.parametrize("kind", ["MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"])
+def test_chart_sizing_policy_equals_the_generated_one(kind: str) -> None:
+    """The product classes need the sizing policy (dra_driver.sizing): the chart and
+    ``manifests/deviceclasses/`` install the same one."""
+    [generated] = of_kind(sizing_policy(), kind)
+    assert one(rendered_objects(), kind) == generated
+    assert one(shipped_deviceclass_dir(), kind) == generated
 
 
 def configmap_config(objs: list[dict[str, Any]]) -> str:

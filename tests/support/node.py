@@ -12,7 +12,7 @@ from typing import Any
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.budget import STARTUP_BUDGET_S
 from dra_driver.claims import ApiClaimReader
-from dra_driver.config import DEFAULT_PRODUCTS, NodeConfig
+from dra_driver.config import DEFAULT_PRODUCTS, NodeConfig, default_node_config
 from dra_driver.devicehealth import device_health
 from dra_driver.devices import DeviceStatus, FractionDevice
 from dra_driver.gpus import SimulatedGpuSource, simnode
@@ -103,15 +103,35 @@ class Node(NodeDirs):
         memory: str | None = None,
     ) -> dict[str, Any]:
         """An allocation result as the scheduler writes it for one claim of ``product`` (None:
-        ``memory`` of the capacity model) on GPU ``gpu``: the shared device, a fresh share ID
-        and the consumed ``slots`` (``portion * slotsPerGpu``) or ``memory``."""
+        ``memory`` of the capacity model) on GPU ``gpu``: see :func:`share_result`."""
         device = self.devices[self.device(gpu, product, mode)]
-        share = str(uuid.uuid4())
-        if product is None:
-            return cf.result(device.name, NODE, request=request, share_id=share, memory=memory)
-        portion = next(p.portion for p in DEFAULT_PRODUCTS if p.name == product)
-        slots = str(int(portion * device.slots))
-        return cf.result(device.name, NODE, request=request, share_id=share, slots=slots)
+        return share_result(device, NODE, product, request, memory)
+
+
+def share_result(
+    device: FractionDevice,
+    pool: str,
+    product: str | None,
+    request: str = "gpu",
+    memory: str | None = None,
+) -> dict[str, Any]:
+    """An allocation result of one claim for ``product`` (None: ``memory`` of the capacity
+    model) on the shared ``device`` of pool ``pool``: a fresh share ID and the consumed
+    ``slots`` (``portion * slotsPerGpu``) or ``memory``. For plugins run as processes, whose
+    devices a test computes with ``offered_devices``."""
+    share = str(uuid.uuid4())
+    if product is None:
+        return cf.result(device.name, pool, request=request, share_id=share, memory=memory)
+    portion = next(p.portion for p in DEFAULT_PRODUCTS if p.name == product)
+    slots = str(int(portion * device.slots))
+    return cf.result(device.name, pool, request=request, share_id=share, slots=slots)
+
+
+def plugin_devices(gpus: str, node: str) -> dict[str, FractionDevice]:
+    """The devices by name that ``dra-driver kubelet-plugin --gpus=<gpus> --node-name=<node>``
+    offers with the default node configuration (``gpus``: a ``simulated:`` inventory)."""
+    inventory = SimulatedGpuSource(gpus, seed=node).discover()
+    return {d.name: d for d in offered_devices(inventory, default_node_config())}
 
 
 MIXED_CONFIG = {

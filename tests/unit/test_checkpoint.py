@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.checkpoint import (
     VERSION,
     Checkpoint,
@@ -20,7 +21,7 @@ from dra_driver.checkpoint import (
 from dra_driver.claimplan import ClaimRef
 from tests.support import claimfactory as cf
 from tests.support.fakes.plans import GIB, device, gpu, plan
-from tests.support.node import NODE, Node
+from tests.support.node import Node
 from tests.support.paths import TEST_DATA
 
 UID = "0c000000-0000-4000-8000-00000000000c"
@@ -166,8 +167,10 @@ FIXTURES = TEST_DATA / "checkpoints"
 predates a device's ``active_thread_percentage``, a GPU's ``cuda_driver_version`` and null
 ``share_id`` entries."""
 FIXTURE_UIDS = {"0a000000-0000-4000-8000-00000000000a", "0b000000-0000-4000-8000-00000000000b"}
-"""Their claims: ``0a..`` holds ``gpu-0-full-0`` (exclusive), ``0b..`` a 40Gi share of the
-capacity device ``gpu-1`` (``MIXED_CONFIG``)."""
+"""Their claims, prepared under the old layout (device names no longer published): ``0a..``
+holds ``gpu-0-full-0`` (a whole GPU 0, time-slicing, exclusive), ``0b..`` a 40Gi sm-sharing
+share of the capacity device ``gpu-1``. On ``MIXED_CONFIG`` GPU 0 now offers
+``gpu-0-time-slicing`` and ``gpu-0-sm-sharing`` (products), GPU 1 ``gpu-1-sm-sharing``."""
 
 
 def _install(node: Node, doc: dict[str, Any]) -> None:
@@ -180,23 +183,56 @@ def _ref(claim: dict[str, Any]) -> ClaimRef:
     return ClaimRef(m["namespace"], m["name"], m["uid"])
 
 
+def _recorded(node: Node, uid: str) -> dict[str, Any]:
+    return json.loads((node.state_dir / "checkpoint.json").read_text())["claims"].get(uid)
+
+
 @pytest.mark.parametrize("fixture", sorted(FIXTURES.glob("*.json")), ids=lambda p: p.name)
 def test_released_formats_load_and_their_claims_are_honoured(
     mixed_node: Node, fixture: Path
 ) -> None:
+    """The upgrade to the new layout: old-layout records are restored, answered from the
+    record, count against their GPU's memory and mode, and Unprepare removes them."""
     node = mixed_node
     _install(node, json.loads(fixture.read_text()))
     driver = node.driver("boot-1")
     assert set(driver.checkpoint.claims) == FIXTURE_UIDS
     assert not list(node.state_dir.glob("checkpoint.json.corrupt-*"))
     assert {p.claim.uid for p in driver.prepared_plans()} == FIXTURE_UIDS
-    exclusive = cf.claim([cf.result("gpu-0-full-0", NODE)])
-    big_share = cf.claim([cf.result("gpu-1", NODE, share_id="c0ffee00", memory="120Gi")])
-    for c in (exclusive, big_share):
+    assert set(node.enforcer.applied) == FIXTURE_UIDS  # restored at start
+    specs = {u: node.cdi_root / f"{DEFAULT_DRIVER_NAME}-claim_{u}.json" for u in FIXTURE_UIDS}
+    assert all(p.exists() for p in specs.values())  # rewritten at start
+
+    refs = {u: ClaimRef(r.namespace, r.name, u) for u, r in driver.checkpoint.claims.items()}
+    recorded = {u: r.devices for u, r in driver.checkpoint.claims.items()}
+    gets = node.claims.requests
+    out = driver.prepare(refs.values())  # the claims are not in the API server: from the record
+    assert {u: (o.error, o.devices) for u, o in out.items()} == {
+        u: ("", recorded[u]) for u in FIXTURE_UIDS
+    }
+    assert node.claims.requests == gets
+    assert recorded["0a000000-0000-4000-8000-00000000000a"][0].device == "gpu-0-full-0"
+
+    eighth = cf.claim([node.share(0, "eighth", mode="time-slicing")])
+    other_mode = cf.claim([node.share(0, "eighth", mode="sm-sharing")])
+    big_share = cf.claim([node.share(1, None, memory="120Gi")])
+    small_share = cf.claim([node.share(1, None, memory="8Gi")])
+    for c in (eighth, other_mode, big_share, small_share):
         node.claims.add(c)
-    out = driver.prepare([_ref(exclusive), _ref(big_share)])
-    assert "already prepared for claim 0a000000" in out[exclusive["metadata"]["uid"]].error
+    out = driver.prepare([_ref(c) for c in (eighth, other_mode, big_share, small_share)])
+    assert "more than the card's" in out[eighth["metadata"]["uid"]].error
+    assert "never carries both modes" in out[other_mode["metadata"]["uid"]].error
     assert "more than the card's" in out[big_share["metadata"]["uid"]].error
+    assert out[small_share["metadata"]["uid"]].error == ""
+
+    assert driver.unprepare(refs.values()) == {u: "" for u in FIXTURE_UIDS}
+    assert set(driver.checkpoint.claims) == {small_share["metadata"]["uid"]}
+    assert all(_recorded(node, u) is None for u in FIXTURE_UIDS)
+    assert not set(node.enforcer.applied) & FIXTURE_UIDS
+    assert not any(p.exists() for p in specs.values())
+    out = driver.prepare([_ref(eighth), _ref(other_mode)])  # GPU 0 is free for either mode
+    assert out[eighth["metadata"]["uid"]].error == ""
+    assert "never carries both modes" in out[other_mode["metadata"]["uid"]].error
     driver.close()
 
 
@@ -225,10 +261,17 @@ def test_fields_of_a_newer_writer_are_ignored(mixed_node: Node) -> None:
     driver.close()
 
 
-def _shape(value: Any) -> Any:
-    """The keys (recursively) and JSON types of a document, without its values."""
+OPTIONAL = {"share_id": "str", "active_thread_percentage": "int"}
+"""Fields a v1 record may hold as null (the old layout's exclusive devices had no share ID)."""
+
+
+def _shape(value: Any, key: str = "") -> Any:
+    """The keys (recursively) and JSON types of a document, without its values; an
+    :data:`OPTIONAL` field is ``optional <type>`` whether null or of its type."""
+    if key in OPTIONAL and (value is None or type(value).__name__ == OPTIONAL[key]):
+        return f"optional {OPTIONAL[key]}"
     if isinstance(value, dict):
-        return {k: _shape(v) for k, v in value.items()}
+        return {k: _shape(v, k) for k, v in value.items()}
     if isinstance(value, list):
         return [_shape(v) for v in value[:1]]
     return type(value).__name__
@@ -236,22 +279,20 @@ def _shape(value: Any) -> Any:
 
 def test_the_current_writer_writes_the_v1_fixture_format(mixed_node: Node) -> None:
     """If this fails the format changed: bump ``checkpoint.VERSION``, migrate the old version
-    and add a fixture written by the new code."""
+    and add a fixture written by the new code. The fixture's claims, prepared again on the
+    new layout: a whole GPU 0 (a share of ``gpu-0-time-slicing``) and a 40Gi sm-sharing share
+    of GPU 1."""
     node = mixed_node
     fixture = json.loads((FIXTURES / "v1.json").read_text())
     made = [
         cf.claim(
-            [cf.result("gpu-0-full-0", NODE)],
+            [node.share(0, "full", mode="time-slicing")],
             namespace="team-a",
             name="train",
             uid="0a000000-0000-4000-8000-00000000000a",
         ),
         cf.claim(
-            [
-                cf.result(
-                    "gpu-1", NODE, share_id="7a8b9c0d-1e2f-4a3b-8c4d-5e6f7a8b9c0d", memory="40Gi"
-                )
-            ],
+            [node.share(1, None, memory="40Gi")],
             [cf.opaque(activeThreadPercentage=30)],
             namespace="team-b",
             name="infer",

@@ -15,12 +15,14 @@ from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.config import GpuOverride, GpuSelector, NodeConfig
 from dra_driver.configload import load_node_config
 from dra_driver.deviceclasses import (
+    POLICY_FILE,
     build_device_classes,
     default_device_class_files,
     device_class_name,
     main,
 )
 from dra_driver.gpus import SimulatedGpuSource
+from dra_driver.sizing import sizing_policy
 from dra_driver.slices import build_slices, slice_devices
 from tests.support import k8sschema
 from tests.support.paths import REPO
@@ -38,26 +40,34 @@ class CelError(Exception):
     """A CEL runtime error (e.g. no such key)."""
 
 
+def _term(term: str, device: Mapping[str, Any], driver: str) -> bool | CelError:
+    """One term: ``x == "literal"``, or ``(t1 || t2 ...)`` (true if any is true, even when
+    another errs; else an error if any errs; else false: CEL's ``||``)."""
+    if term.startswith("(") and term.endswith(")"):
+        results = [_term(t, device, driver) for t in term[1:-1].split(" || ")]
+        if True in results:
+            return True
+        errors = [r for r in results if isinstance(r, CelError)]
+        return errors[0] if errors else False
+    m = TERM.match(term)
+    assert m, f"unexpected selector term {term!r}"
+    domain, attr, literal = m.groups()
+    if domain is None:
+        return driver == literal
+    attrs = {
+        (k if "/" in k else f"{driver}/{k}"): v for k, v in device.get("attributes", {}).items()
+    }
+    value = attrs.get(f"{domain}/{attr}")
+    if value is None:
+        return CelError(f"no such key: {attr}")
+    return bool(value.get("string") == literal)
+
+
 def evaluate(expression: str, device: Mapping[str, Any], driver: str) -> bool:
-    """Evaluate the generated selector form ``t1 && t2 ...`` (each ``x == "literal"``) with CEL
+    """Evaluate the generated selector form ``t1 && t2 ...`` (see :func:`_term`) with CEL
     semantics: unqualified attributes live in the driver's domain; a missing attribute is an
     error, and ``&&`` is false if any term is false, else an error if any term errs."""
-    results: list[bool | CelError] = []
-    for term in expression.split(" && "):
-        m = TERM.match(term)
-        assert m, f"unexpected selector term {term!r}"
-        domain, attr, literal = m.groups()
-        if domain is None:
-            results.append(driver == literal)
-            continue
-        attrs = {
-            (k if "/" in k else f"{driver}/{k}"): v for k, v in device.get("attributes", {}).items()
-        }
-        value = attrs.get(f"{domain}/{attr}")
-        if value is None:
-            results.append(CelError(f"no such key: {attr}"))
-        else:
-            results.append(value.get("string") == literal)
+    results = [_term(term, device, driver) for term in expression.split(" && ")]
     if False in results:
         return False
     errors = [r for r in results if isinstance(r, CelError)]
@@ -68,6 +78,7 @@ def evaluate(expression: str, device: Mapping[str, Any], driver: str) -> bool:
 
 def test_shipped_yaml_equals_generated() -> None:
     files = default_device_class_files()
+    assert POLICY_FILE in files
     assert sorted(p.name for p in SHIPPED.glob("*.yaml")) == sorted(files)
     for name, text in files.items():
         assert (SHIPPED / name).read_text() == text, f"{name} drifted: regenerate it"
@@ -100,20 +111,39 @@ def test_classes_are_valid() -> None:
     assert len(longest) <= 63
 
 
-def test_shipped_files_parse_as_the_classes() -> None:
+def test_shipped_files_parse_as_the_classes_and_the_sizing_policy() -> None:
     for c in build_device_classes():
         shipped = yaml.safe_load((SHIPPED / f"{c['metadata']['name']}.yaml").read_text())
         assert shipped == c
+    policy = list(yaml.safe_load_all((SHIPPED / POLICY_FILE).read_text()))
+    assert policy == sizing_policy()
+    assert [d["kind"] for d in policy] == [
+        "MutatingAdmissionPolicy",
+        "MutatingAdmissionPolicyBinding",
+    ]
+    for obj in policy:
+        k8sschema.validate(obj)
 
 
-def test_each_class_selects_exactly_its_devices() -> None:
+def _selects(product_attribute: str | None, class_product: str | None) -> bool:
+    """Whether a class for ``class_product`` (None: capacity) may take a device whose
+    ``product`` attribute is ``product_attribute``: a GPU's shared products device (``*``)
+    serves every product class, an extended-resource device only its product's."""
+    if class_product is None:
+        return product_attribute is None
+    return product_attribute in ("*", class_product)
+
+
+@pytest.mark.parametrize("extended", [False, True], ids=["shared", "extended-resources"])
+def test_each_class_selects_exactly_its_devices(extended: bool) -> None:
     driver = DEFAULT_DRIVER_NAME
     config = NodeConfig(
         gpus=(
             GpuOverride(GpuSelector(index=1), compute_mode="sm-sharing"),
             GpuOverride(GpuSelector(index=2), fraction_model="capacity"),
             GpuOverride(GpuSelector(index=3), fraction_model="capacity", compute_mode="sm-sharing"),
-        )
+        ),
+        extended_resources=extended,
     )
     inv = SimulatedGpuSource("simulated:H200x2,L4x2", seed="n").discover()
     devices = slice_devices(build_slices(inv, config, driver, "n"))
@@ -128,18 +158,31 @@ def test_each_class_selects_exactly_its_devices() -> None:
             for d in devices
             if d["attributes"]["fractionModel"]["string"] == labels[f"{driver}/fraction-model"]
             and d["attributes"]["computeMode"]["string"] == labels[f"{driver}/compute-mode"]
-            and d["attributes"].get("product", {}).get("string") == labels.get(f"{driver}/product")
+            and _selects(
+                d["attributes"].get("product", {}).get("string"),
+                labels.get(f"{driver}/product"),
+            )
         }
         assert selected == expected, c["metadata"]["name"]
         assert not evaluate(expression, foreign, "other.example.com")
     by_class = {
-        c["metadata"]["name"]: sum(
-            evaluate(c["spec"]["selectors"][0]["cel"]["expression"], d, driver) for d in devices
+        c["metadata"]["name"]: sorted(
+            d["name"]
+            for d in devices
+            if evaluate(c["spec"]["selectors"][0]["cel"]["expression"], d, driver)
         )
         for c in build_device_classes(config, driver)
     }
-    assert by_class["gpu-quarter"] == 4 and by_class["gpu-quarter-sm-sharing"] == 4
-    assert by_class["gpu-memory"] == 1 and by_class["gpu-memory-sm-sharing"] == 1
+    # GPU 0: auto (both modes), GPU 1: sm-sharing, GPU 2: capacity auto, GPU 3: capacity sm.
+    assert by_class["gpu-quarter"] == sorted(
+        ["gpu-0-time-slicing"] + ["gpu-0-time-slicing-quarter"] * extended
+    )
+    assert by_class["gpu-quarter-sm-sharing"] == sorted(
+        ["gpu-0-sm-sharing", "gpu-1-sm-sharing"]
+        + ["gpu-0-sm-sharing-quarter", "gpu-1-sm-sharing-quarter"] * extended
+    )
+    assert by_class["gpu-memory"] == ["gpu-2-time-slicing"]
+    assert by_class["gpu-memory-sm-sharing"] == ["gpu-2-sm-sharing", "gpu-3-sm-sharing"]
 
 
 def test_custom_products_and_modes() -> None:
@@ -159,14 +202,18 @@ def test_custom_products_and_modes() -> None:
 def test_main_write_and_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--write", str(tmp_path), "--config", str(EXAMPLE)]) == 0
     assert (tmp_path / "gpu-sixteenth.yaml").exists()
+    written = list(yaml.safe_load_all((tmp_path / POLICY_FILE).read_text()))
+    assert written == sizing_policy(load_node_config(str(EXAMPLE)))
+    assert "gpu-sixteenth" in written[0]["spec"]["variables"][0]["expression"]
     assert main(["--check", str(tmp_path), "--config", str(EXAMPLE)]) == 0
     (tmp_path / "gpu-half.yaml").write_text("changed\n")
     (tmp_path / "gpu-extra.yaml").write_text("x\n")
+    (tmp_path / POLICY_FILE).unlink()
     assert main(["--check", str(tmp_path), "--config", str(EXAMPLE)]) == 1
     err = capsys.readouterr().err
-    assert "gpu-half.yaml" in err and "gpu-extra.yaml" in err
+    assert "gpu-half.yaml" in err and "gpu-extra.yaml" in err and POLICY_FILE in err
     assert main([]) == 0
     stream = list(yaml.safe_load_all(capsys.readouterr().out))
-    assert [d["metadata"]["name"] for d in stream] == [
-        c["metadata"]["name"] for c in build_device_classes()
-    ]
+    assert [(d["kind"], d["metadata"]["name"]) for d in stream] == [
+        ("DeviceClass", c["metadata"]["name"]) for c in build_device_classes()
+    ] + [(d["kind"], d["metadata"]["name"]) for d in sizing_policy()]

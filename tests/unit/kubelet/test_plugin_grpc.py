@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from fractions import Fraction
 from pathlib import Path
 
 import grpc
@@ -19,6 +20,7 @@ from dra_driver._proto import (
     health_v1alpha1_pb2_grpc,
     registration_pb2,
 )
+from dra_driver.devices import product_memory_bytes
 from dra_driver.gpus import MIB
 from dra_driver.kubelet.server import PluginServer, SocketPaths
 from tests.support import claimfactory as cf
@@ -68,8 +70,9 @@ def test_registration_info(served: Served) -> None:
 @pytest.mark.parametrize("version", ["v1", "v1beta1"])
 def test_prepare_and_unprepare_a_quarter(served: Served, version: str) -> None:
     node, _, kubelet = served
-    device = node.device(0, "quarter")
-    claim = cf.claim([cf.result(device, NODE)])
+    share = node.share(0, "quarter")
+    device, share_id = share["device"], share["shareID"]
+    claim = cf.claim([share])
     node.claims.add(claim)
     uid = claim["metadata"]["uid"]
 
@@ -77,17 +80,20 @@ def test_prepare_and_unprepare_a_quarter(served: Served, version: str) -> None:
     assert reply.error == ""
     [dev] = reply.devices
     assert (dev.pool_name, dev.device_name, list(dev.request_names)) == (NODE, device, ["gpu"])
-    assert list(dev.cdi_device_ids) == [f"{DEFAULT_DRIVER_NAME}/claim=claim-{uid}-{device}"]
+    assert list(dev.cdi_device_ids) == [
+        f"{DEFAULT_DRIVER_NAME}/claim=claim-{uid}-{device}-{share_id}"
+    ]
 
     spec = json.loads(spec_file(node, claim).read_text())
     assert not list(validator().iter_errors(spec))
     edits = spec["devices"][0]["containerEdits"]
     gpu = node.devices[device].gpu
     assert [n["path"] for n in edits["deviceNodes"]][0] == gpu.device_node
-    quarter_mib = node.devices[device].memory_bytes // MIB
-    assert f"NVIDIA_GPU_MEMORY_LIMIT={quarter_mib}" in edits["env"]
+    quarter = product_memory_bytes(gpu, Fraction(1, 4))
+    assert f"NVIDIA_GPU_MEMORY_LIMIT={quarter // MIB}" in edits["env"]
     plan = node.enforcer.applied[uid]
-    assert plan.devices[0].memory_limit_bytes == node.devices[device].memory_bytes
+    assert plan.devices[0].memory_request_bytes == quarter
+    assert plan.devices[0].memory_limit_bytes == quarter
     assert plan.devices[0].compute_mode == "time-slicing"
 
     assert unprepare(kubelet, claim) == {uid: ""}
@@ -114,9 +120,10 @@ def test_repeated_prepare_is_idempotent_and_cheap(served: Served) -> None:
 
 def test_limit_from_claim_config_and_share_of_card(served: Served) -> None:
     node, _, kubelet = served
-    device = node.device(0, "half")
+    share = node.share(0, "half")
+    device = share["device"]
     claim = cf.claim(
-        [cf.result(device, NODE)],
+        [share],
         [cf.opaque("FromClass", memoryLimit="100Gi"), cf.opaque(memoryLimitPortion="0.8")],
     )
     node.claims.add(claim)
@@ -128,34 +135,32 @@ def test_limit_from_claim_config_and_share_of_card(served: Served) -> None:
         plan.memory_limit_bytes == int(card * 0.8)
         or abs(plan.memory_limit_bytes - card * 4 // 5) <= 1
     )
-    assert plan.memory_request_bytes == node.devices[device].memory_bytes
+    assert plan.memory_request_bytes == product_memory_bytes(
+        node.devices[device].gpu, Fraction(1, 2)
+    )
 
 
 def test_each_bad_claim_fails_alone(served: Served) -> None:
     node, _, kubelet = served
     good = cf.claim([node.share(0, "eighth")])
-    quarter = node.device(1, "quarter")
+
+    def quarter(pool: str = NODE) -> dict:
+        return dict(node.share(1, "quarter"), pool=pool)
+
     bad = {
-        "not found": cf.claim([cf.result(quarter, NODE)]),
-        "UID": cf.claim([cf.result(quarter, NODE)]),
-        "no allocation results for driver": cf.claim(
-            [cf.result(quarter, NODE, driver="other.example.com")]
-        ),
-        "not a Kubernetes quantity": cf.claim(
-            [cf.result(quarter, NODE)], [cf.opaque(memoryLimit="big")]
-        ),
-        "below the request": cf.claim([cf.result(quarter, NODE)], [cf.opaque(memoryLimit="1Gi")]),
-        "exceeds the card": cf.claim([cf.result(quarter, NODE)], [cf.opaque(memoryLimit="1Ti")]),
-        "compute mode time-slicing": cf.claim(
-            [cf.result(quarter, NODE)], [cf.opaque(computeMode="sm-sharing")]
-        ),
-        "not on this node": cf.claim([cf.result(quarter, "node-b")]),
-        "not on this node any more": cf.claim([cf.result("gpu-7-quarter-0", NODE)]),
-        "outside (0, 1]": cf.claim(
-            [cf.result(quarter, NODE)], [cf.opaque(memoryLimitPortion="1.5")]
-        ),
+        "not found": cf.claim([quarter()]),
+        "UID": cf.claim([quarter()]),
+        "no allocation results for driver": cf.claim([dict(quarter(), driver="other.example.com")]),
+        "not a Kubernetes quantity": cf.claim([quarter()], [cf.opaque(memoryLimit="big")]),
+        "below the request": cf.claim([quarter()], [cf.opaque(memoryLimit="1Gi")]),
+        "exceeds the card": cf.claim([quarter()], [cf.opaque(memoryLimit="1Ti")]),
+        "compute mode time-slicing": cf.claim([quarter()], [cf.opaque(computeMode="sm-sharing")]),
+        "not on this node": cf.claim([quarter("node-b")]),
+        "not on this node any more": cf.claim([dict(quarter(), device="gpu-7-time-slicing")]),
+        "has no shareID": cf.claim([cf.result(node.device(1, "quarter"), NODE)]),
+        "outside (0, 1]": cf.claim([quarter()], [cf.opaque(memoryLimitPortion="1.5")]),
         "only valid with computeMode sm-sharing": cf.claim(
-            [cf.result(quarter, NODE)],
+            [quarter()],
             [cf.opaque(computeMode="time-slicing", activeThreadPercentage=20)],
         ),
     }

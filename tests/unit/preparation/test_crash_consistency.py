@@ -176,7 +176,8 @@ def test_unprepare_killed_after_the_spec_went_leaves_no_record(sim: Node) -> Non
     [device] = driver.prepare([ref(claim)])[uid(claim)].devices
     assert spec_path(sim.cdi_root, uid(claim)).exists()
     assert state(sim, claim) == PREPARED
-    assert device.cdi_device_ids[0].endswith(device.device)
+    assert device.share_id
+    assert device.cdi_device_ids[0].endswith(f"{device.device}-{device.share_id}")
     driver.close()
 
 

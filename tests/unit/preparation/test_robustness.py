@@ -180,16 +180,56 @@ def test_cdi_write_failure_names_the_cdi_root(node: Node) -> None:
     driver.close()
 
 
-def test_exclusive_device_in_two_claims_is_refused(node: Node) -> None:
-    device = node.device(0, "full")
-    first, second = (cf.claim([cf.result(device, NODE)]) for _ in range(2))
+def prepare_both(node: Node, first: dict[str, Any], second: dict[str, Any]) -> str:
+    """Prepare ``first`` then ``second`` in one call; ``first`` must succeed. Returns the
+    second's error and checks that only the first is recorded."""
     for c in (first, second):
         node.claims.add(c)
     driver = node.driver()
     out = driver.prepare([ref(first), ref(second)])
-    assert out[first["metadata"]["uid"]].error == ""
-    assert "already prepared for claim" in out[second["metadata"]["uid"]].error
     driver.close()
+    assert out[first["metadata"]["uid"]].error == ""
+    assert on_disk(node) == {first["metadata"]["uid"]}
+    return out[second["metadata"]["uid"]].error
+
+
+def test_one_share_in_two_claims_is_refused(node: Node) -> None:
+    share = node.share(0, "full")
+    error = prepare_both(node, cf.claim([share]), cf.claim([dict(share)]))
+    assert f"share {share['shareID']} of device {share['device']} is already prepared" in error
+
+
+@pytest.mark.parametrize(("first", "second"), [("full", "eighth"), ("half", "full")])
+def test_product_shares_beyond_the_card_are_refused(node: Node, first: str, second: str) -> None:
+    error = prepare_both(node, cf.claim([node.share(0, first)]), cf.claim([node.share(0, second)]))
+    assert "more than the card's" in error
+
+
+@pytest.mark.parametrize(
+    ("first", "second"), [("time-slicing", "sm-sharing"), ("sm-sharing", "time-slicing")]
+)
+def test_a_gpu_never_carries_both_compute_modes(node: Node, first: str, second: str) -> None:
+    error = prepare_both(
+        node,
+        cf.claim([node.share(0, "eighth", mode=first)]),
+        cf.claim([node.share(0, "eighth", mode=second)]),
+    )
+    assert f"runs {first} claims" in error
+    assert f"asks for {second}, and one GPU never carries both modes" in error
+
+
+def test_both_compute_modes_on_different_gpus_are_prepared(node: Node) -> None:
+    claims = [
+        cf.claim([node.share(0, "half", mode="time-slicing")]),
+        cf.claim([node.share(1, "half", mode="sm-sharing")]),
+    ]
+    for c in claims:
+        node.claims.add(c)
+    driver = node.driver()
+    out = driver.prepare([ref(c) for c in claims])
+    driver.close()
+    assert [o.error for o in out.values()] == ["", ""]
+    assert on_disk(node) == {c["metadata"]["uid"] for c in claims}
 
 
 def test_capacity_shares_beyond_the_card_are_refused(mixed_node: Node) -> None:
@@ -207,24 +247,4 @@ def test_capacity_shares_beyond_the_card_are_refused(mixed_node: Node) -> None:
     out = driver.prepare([ref(a), ref(b)])
     assert out[a["metadata"]["uid"]].error == ""
     assert "more than the card's" in out[b["metadata"]["uid"]].error
-    driver.close()
-
-
-@pytest.mark.parametrize("first_share,second_share", [(None, "a"), ("a", None)])
-def test_a_device_prepared_exclusively_is_never_shared_and_vice_versa(
-    mixed_node: Node, first_share: str | None, second_share: str | None
-) -> None:
-    node = mixed_node
-    device = node.device(1, None)
-    first, second = (
-        cf.claim([cf.result(device, NODE, share_id=s, memory="8Gi")])
-        for s in (first_share, second_share)
-    )
-    for c in (first, second):
-        node.claims.add(c)
-    driver = node.driver()
-    out = driver.prepare([ref(first), ref(second)])
-    assert out[first["metadata"]["uid"]].error == ""
-    assert "already prepared for claim" in out[second["metadata"]["uid"]].error
-    assert on_disk(node) == {first["metadata"]["uid"]}
     driver.close()

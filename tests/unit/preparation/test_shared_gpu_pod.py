@@ -12,7 +12,7 @@ from structlog.testing import capture_logs
 from dra_driver.claimplan import ClaimRef
 from dra_driver.preparation import ClaimPreparation
 from tests.support import claimfactory as cf
-from tests.support.node import NODE, Node
+from tests.support.node import Node
 
 EVENT = "two claims of one pod on one GPU"
 
@@ -22,8 +22,9 @@ def _ref(c: dict[str, Any]) -> ClaimRef:
     return ClaimRef(m["namespace"], m["name"], m["uid"])
 
 
-def _claim(node: Node, gpu: int, n: int, *pods: dict[str, Any]) -> dict[str, Any]:
-    c = cf.claim([cf.result(f"gpu-{gpu}-quarter-{n}", NODE)], reserved_for=list(pods))
+def _claim(node: Node, gpu: int, *pods: dict[str, Any]) -> dict[str, Any]:
+    """A quarter of GPU ``gpu`` (a share of its own) reserved for ``pods``."""
+    c = cf.claim([node.share(gpu, "quarter")], reserved_for=list(pods))
     node.claims.add(c)
     return c
 
@@ -41,7 +42,7 @@ def _prepare(driver: ClaimPreparation, *claims: dict[str, Any]) -> list[dict[str
 
 def test_second_claim_of_a_pod_on_the_same_gpu_is_warned(node: Node) -> None:
     web = cf.pod("web")
-    first, second = _claim(node, 0, 0, web), _claim(node, 0, 1, web)
+    first, second = _claim(node, 0, web), _claim(node, 0, web)
     gpu = node.devices[node.device(0, "quarter")].gpu
     driver = node.driver()
     try:
@@ -62,7 +63,7 @@ def test_second_claim_of_a_pod_on_the_same_gpu_is_warned(node: Node) -> None:
 
 def test_warned_across_calls_and_forgotten_after_unprepare(node: Node) -> None:
     web = cf.pod("web")
-    first, second, third = (_claim(node, 0, n, web) for n in range(3))
+    first, second, third = (_claim(node, 0, web) for _ in range(3))
     driver = node.driver()
     try:
         assert _prepare(driver, first) == []
@@ -79,9 +80,9 @@ def test_no_warning_for_other_gpus_or_other_pods(node: Node) -> None:
     web, db = cf.pod("web"), cf.pod("db")
     driver = node.driver()
     try:
-        assert _prepare(driver, _claim(node, 0, 0, web), _claim(node, 1, 0, web)) == []
-        assert _prepare(driver, _claim(node, 0, 1, db), _claim(node, 0, 2)) == []
-        shared = _claim(node, 1, 1, cf.pod("api-0"), cf.pod("api-1"))  # one claim, two pods
+        assert _prepare(driver, _claim(node, 0, web), _claim(node, 1, web)) == []
+        assert _prepare(driver, _claim(node, 0, db), _claim(node, 0)) == []
+        shared = _claim(node, 1, cf.pod("api-0"), cf.pod("api-1"))  # one claim, two pods
         assert _prepare(driver, shared) == []
     finally:
         driver.close()
