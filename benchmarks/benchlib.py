@@ -32,6 +32,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
+from dra_driver.enforcement import detect_enforcement
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
@@ -40,7 +41,6 @@ from kubernetes.watch.watch import iter_resp_lines
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.config import load_node_config
 from dra_driver.deviceclasses import build_device_classes
-from dra_driver.enforcement import detect_enforcement
 from dra_driver.gpus import Inventory
 from dra_driver.slices import render_slices_json
 
