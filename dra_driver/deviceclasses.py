@@ -81,7 +81,8 @@ def selector_expression(driver: str, compute_mode: str, product: str | None) -> 
     return " && ".join(parts)
 
 
-def _label_value(text: str) -> str:
+def label_value(text: str) -> str:
+    """``text`` as a label value (at most 63 characters of ``[A-Za-z0-9_.-]``)."""
     return re.sub(r"[^A-Za-z0-9_.-]", "-", text)[:63].strip("-_.") or "dra-driver"
 
 
@@ -98,7 +99,7 @@ def device_class(
     """One DeviceClass body (API JSON) for a product (None: the capacity model) and mode;
     product classes carry an ``extendedResourceName`` when ``extended_resources``."""
     labels = {
-        "app.kubernetes.io/part-of": _label_value(driver),
+        "app.kubernetes.io/part-of": label_value(driver),
         f"{driver}/fraction-model": str(
             FractionModel.PRODUCTS if product is not None else FractionModel.CAPACITY
         ),

@@ -25,7 +25,7 @@ from typing import Any
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.config import NodeConfig, default_node_config
-from dra_driver.deviceclasses import device_class_name
+from dra_driver.deviceclasses import device_class_name, label_value
 from dra_driver.vocabulary import ANY_PRODUCT, COMPUTE_MODES
 
 EXTENDED_RESOURCE_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
@@ -100,10 +100,11 @@ def sizing_policy(
         "!has(object.metadata.annotations) || "
         f'!("{EXTENDED_RESOURCE_CLAIM_ANNOTATION}" in object.metadata.annotations)'
     )
+    labels = {"app.kubernetes.io/part-of": label_value(driver)}
     policy = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingAdmissionPolicy",
-        "metadata": {"name": name},
+        "metadata": {"name": name, "labels": labels},
         "spec": {
             "failurePolicy": "Fail",
             "reinvocationPolicy": "Never",
@@ -130,7 +131,7 @@ def sizing_policy(
     binding = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingAdmissionPolicyBinding",
-        "metadata": {"name": name},
+        "metadata": {"name": name, "labels": dict(labels)},
         "spec": {"policyName": name},
     }
     return [policy, binding]

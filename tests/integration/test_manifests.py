@@ -249,6 +249,8 @@ def test_default_rendering_kinds_and_names() -> None:
         ("ValidatingAdmissionPolicyBinding", f"{RELEASE}-node-scoped-slices"),
         ("ValidatingAdmissionPolicy", f"{RELEASE}-claim-parameters"),
         ("ValidatingAdmissionPolicyBinding", f"{RELEASE}-claim-parameters"),
+        ("MutatingAdmissionPolicy", "gpu-fraction-dra-dev-product-sizes"),
+        ("MutatingAdmissionPolicyBinding", "gpu-fraction-dra-dev-product-sizes"),
     }
     for o in objs:
         if o["kind"] in {"ServiceAccount", "ConfigMap", "DaemonSet"}:

@@ -64,7 +64,9 @@ app.kubernetes.io/component: kubelet-plugin
 {{- $doc := deepCopy (.Values.nodeConfig | default dict) -}}
 {{- $_ := set $doc "apiVersion" "gpu-fraction.dra.dev/v1alpha1" -}}
 {{- $_ := set $doc "kind" "NodeConfig" -}}
+{{- if .Values.slotsPerGpu -}}
 {{- $_ := set $doc "slotsPerGpu" (int .Values.slotsPerGpu) -}}
+{{- end -}}
 {{- if .Values.extendedResources.enabled -}}
 {{- $_ := set $doc "extendedResources" true -}}
 {{- end -}}
@@ -125,10 +127,10 @@ app.kubernetes.io/component: kubelet-plugin
 {{- end -}}
 {{- end -}}
 
-{{/* Slots a product of portion .portion ("a/b", "1" or a decimal such as "0.25") takes of
-     .slots (slotsPerGpu); fails when that is not a whole number (as the plugin refuses it). */}}
-{{- define "gfd.slotsOf" -}}
-{{- $p := toString .portion -}}
+{{/* A portion ("a/b", "1" or a decimal such as "0.25") as the JSON list [numerator,
+     denominator], reduced. */}}
+{{- define "gfd.fraction" -}}
+{{- $p := toString . -}}
 {{- $num := 0 -}}
 {{- $den := 1 -}}
 {{- if contains "/" $p -}}
@@ -138,13 +140,57 @@ app.kubernetes.io/component: kubelet-plugin
 {{- else if contains "." $p -}}
 {{- $parts := splitList "." $p -}}
 {{- $frac := index $parts 1 -}}
-{{- $den = int (repeat (len $frac) "0" | printf "1%s") -}}
+{{- $den = int (printf "1%s" (repeat (len $frac) "0")) -}}
 {{- $num = add (mul (index $parts 0 | int) $den) (int (trimPrefix "0" $frac | default "0")) -}}
 {{- else -}}
 {{- $num = int $p -}}
 {{- end -}}
-{{- if or (le $den 0) (ne (mod (mul $num .slots) $den) 0) -}}
-{{- fail (printf "slotsPerGpu: %d slots cannot hold product %q (%s of a GPU) in whole slots" .slots .name $p) -}}
+{{- if le $den 0 -}}
+{{- fail (printf "product portion %q: the denominator must be positive" $p) -}}
+{{- end -}}
+{{- $g := include "gfd.gcd" (list $num $den) | int -}}
+{{- toJson (list (div $num $g) (div $den $g)) -}}
+{{- end -}}
+
+{{/* Greatest common divisor of two non-negative integers (Euclid; 64 rounds are plenty for
+     the denominators a node configuration allows). */}}
+{{- define "gfd.gcd" -}}
+{{- $a := index . 0 | int -}}
+{{- $b := index . 1 | int -}}
+{{- range until 64 -}}
+{{- if ne $b 0 -}}
+{{- $r := mod $a $b -}}
+{{- $a = $b -}}
+{{- $b = $r -}}
+{{- end -}}
+{{- end -}}
+{{- max $a 1 -}}
+{{- end -}}
+
+{{/* Slots per GPU: .Values.slotsPerGpu, or (unset) the least common multiple of every
+     product's denominator, as the plugin computes it (NodeConfig.slots). */}}
+{{- define "gfd.slotsPerGpu" -}}
+{{- if .Values.slotsPerGpu -}}
+{{- int .Values.slotsPerGpu -}}
+{{- else -}}
+{{- $l := 1 -}}
+{{- range (include "gfd.allProducts" . | fromJsonArray) -}}
+{{- $den := index (include "gfd.fraction" .portion | fromJsonArray) 1 | int -}}
+{{- $g := include "gfd.gcd" (list $l $den) | int -}}
+{{- $l = div (mul $l $den) $g -}}
+{{- end -}}
+{{- $l -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Slots a product of portion .portion takes of .slots; fails when that is not a whole
+     number (as the plugin refuses it). */}}
+{{- define "gfd.slotsOf" -}}
+{{- $f := include "gfd.fraction" .portion | fromJsonArray -}}
+{{- $num := index $f 0 | int -}}
+{{- $den := index $f 1 | int -}}
+{{- if ne (mod (mul $num .slots) $den) 0 -}}
+{{- fail (printf "slotsPerGpu: %d slots cannot hold product %q (%s of a GPU) in whole slots" .slots .name (toString .portion)) -}}
 {{- end -}}
 {{- div (mul $num .slots) $den -}}
 {{- end -}}
