@@ -76,7 +76,7 @@ def serve_ours(socket: str, settings: dict[str, Any], ready: Event, stop: Event)
     from dra_driver.gpus import SimulatedGpuSource
     from dra_driver.kubelet.server import PluginServer, SocketPaths
     from dra_driver.mps import RecordingEnforcer
-    from dra_driver.slices import offered_devices
+    from dra_driver.offer import offered_devices
     from tests.support.apiserver_stub import ClaimServer
     from tests.support.node import NODE, Node
 

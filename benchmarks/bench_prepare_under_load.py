@@ -124,7 +124,7 @@ def main() -> int:
     from dra_driver.configload import load_node_config
     from dra_driver.gpus import SimulatedGpuSource
     from dra_driver.mps import RecordingEnforcer
-    from dra_driver.slices import offered_devices
+    from dra_driver.offer import offered_devices
     from tests.support.apiserver_stub import ClaimServer
 
     with tempfile.TemporaryDirectory(prefix="drab-") as tmp, ClaimServer() as claims:

@@ -8,7 +8,7 @@ the GPU, the memory request and ceiling (bytes), the compute mode and the SM per
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from fractions import Fraction
 from typing import Any
@@ -27,7 +27,6 @@ __all__ = [
     "ClaimRef",
     "DevicePlan",
     "PrepareError",
-    "overcommit_error",
     "plan_claim",
     "plan_from_json",
     "plan_to_json",
@@ -284,51 +283,6 @@ def _plan_device(
     )
 
 
-def overcommit_error(plan: ClaimPlan, prepared: Iterable[ClaimPlan]) -> str | None:
-    """Node-side defence against an allocation the scheduler should never make.
-
-    The rules, per GPU: a device allocated without a share ID belongs to one claim at a time
-    (no other claim gets it, with or without a share ID); the claims prepared on one GPU ask
-    together for at most the card's memory; and they all run one compute mode (a GPU never
-    carries both). Returns the problem or None. ``prepared`` excludes ``plan``'s own claim.
-    """
-    exclusive: dict[str, str] = {}
-    sharers: dict[str, str] = {}
-    shares: dict[tuple[str, str], str] = {}
-    memory: dict[str, int] = {}
-    modes: dict[str, tuple[str, str]] = {}
-    for other in prepared:
-        for d in other.devices:
-            if d.share_id is None:
-                exclusive[d.device] = other.claim.uid
-            else:
-                sharers.setdefault(d.device, other.claim.uid)
-                shares[(d.device, d.share_id)] = other.claim.uid
-            memory[d.gpu.uuid] = memory.get(d.gpu.uuid, 0) + d.memory_request_bytes
-            modes.setdefault(d.gpu.uuid, (d.compute_mode, other.claim.uid))
-    for d in plan.devices:
-        holder = exclusive.get(d.device) or (sharers.get(d.device) if d.share_id is None else None)
-        if holder is not None:
-            return f"device {d.device} is already prepared for claim {holder}"
-        if d.share_id is not None and (d.device, d.share_id) in shares:
-            holder = shares[(d.device, d.share_id)]
-            return f"share {d.share_id} of device {d.device} is already prepared for claim {holder}"
-        mode, holder = modes.setdefault(d.gpu.uuid, (d.compute_mode, plan.claim.uid))
-        if mode != d.compute_mode:
-            return (
-                f"GPU {d.gpu.index} ({d.gpu.uuid}) runs {mode} claims (e.g. {holder}); device "
-                f"{d.device} asks for {d.compute_mode}, and one GPU never carries both modes"
-            )
-        memory[d.gpu.uuid] = memory.get(d.gpu.uuid, 0) + d.memory_request_bytes
-        if memory[d.gpu.uuid] > d.gpu.memory_bytes:
-            return (
-                f"GPU {d.gpu.index} ({d.gpu.uuid}): claims prepared on this node would request "
-                f"{canonical_quantity(memory[d.gpu.uuid])}, more than the card's "
-                f"{canonical_quantity(d.gpu.memory_bytes)}"
-            )
-    return None
-
-
 def plan_claim(
     ref: ClaimRef,
     claim: Any,
@@ -343,7 +297,7 @@ def plan_claim(
         claim: the ResourceClaim as decoded API JSON, unchecked (any JSON value).
         driver: our driver name; results of other drivers are ignored.
         pool: our pool name (the node name).
-        devices: this node's fraction devices by name (from ``slices.offered_devices``).
+        devices: this node's fraction devices by name (from ``offer.offered_devices``).
 
     Raises:
         PrepareError: a field of the wrong JSON type (the message names its path), UID

@@ -37,10 +37,11 @@ from dra_driver.mps import FractionEnforcer, RecordingEnforcer
 from dra_driver.mps.enforcer import MpsEnforcer, MpsOptions
 from dra_driver.mps.nvml import PynvmlFacade
 from dra_driver.mps.usage import MpsUsageSource
+from dra_driver.offer import offered_devices
 from dra_driver.preparation import ClaimPreparation
 from dra_driver.publisher import SlicePublisher
 from dra_driver.runner import SubprocessRunner
-from dra_driver.slices import build_slices, offered_devices
+from dra_driver.slices import build_slices
 from dra_driver.sockets import check_socket_paths
 from dra_driver.tiers import EnforcementReport, detect_enforcement
 

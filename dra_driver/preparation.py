@@ -46,14 +46,7 @@ from dra_driver.budget import (
 )
 from dra_driver.cdifiles import spec_matches, write_claim_spec
 from dra_driver.checkpoint import Checkpoint, CheckpointCorrupt, ClaimRecord, PreparedDevice
-from dra_driver.claimplan import (
-    ClaimPlan,
-    ClaimRef,
-    PrepareError,
-    overcommit_error,
-    plan_claim,
-    validate_uid,
-)
+from dra_driver.claimplan import ClaimPlan, ClaimRef, PrepareError, plan_claim, validate_uid
 from dra_driver.claimreads import ClaimReads, unread_error
 from dra_driver.claims import ClaimReader
 from dra_driver.devicenodes import check_device_nodes
@@ -62,6 +55,7 @@ from dra_driver.errors import CLAIM_ERRORS
 from dra_driver.locking import LockTimeout, PrepareLock
 from dra_driver.metrics import Metrics
 from dra_driver.mps import FractionEnforcer
+from dra_driver.overcommit import overcommit_error
 from dra_driver.podclaims import PodClaims
 
 log = structlog.get_logger(__name__)

@@ -13,7 +13,7 @@ into each request of a new ResourceClaim whose class is a product class:
 
 Claims the scheduler creates for extended resources (annotation
 ``resource.kubernetes.io/extended-resource-claim``) are left alone: they are allocated before
-they are created, at each device's default (:func:`dra_driver.slices.offer`). Requests in
+they are created, at each device's default (:func:`dra_driver.offer.offer`). Requests in
 ``firstAvailable`` lists are sized the same way. Nothing else is changed. The policy runs in
 the API server: no controller sits in the scheduling path.
 """

@@ -35,25 +35,22 @@ import hashlib
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 import structlog
 
 from dra_driver.config import (
-    CapacityPolicy,
-    GpuConfig,
     NodeConfig,
-    Product,
     warn_unmatched_selectors,
 )
 from dra_driver.configload import load_node_config
-from dra_driver.devices import FractionDevice, product_memory_bytes
+from dra_driver.devices import FractionDevice
 from dra_driver.errors import UsageError
-from dra_driver.gpus.model import Gpu, Inventory, pre_volta_reason
+from dra_driver.gpus.model import Inventory
+from dra_driver.offer import Offer, OfferedGpu, capacity_request_policy, offer
 from dra_driver.quantities import canonical_quantity
-from dra_driver.vocabulary import ANY_PRODUCT, TIERS, ComputeMode, FractionModel, Tier
+from dra_driver.vocabulary import ANY_PRODUCT, TIERS, FractionModel, Tier
 
 log = structlog.get_logger(__name__)
 
@@ -103,169 +100,6 @@ _SEMVER = re.compile(
     r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)"
     r"(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?(\+[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?$"
 )
-
-
-@dataclass(frozen=True)
-class ExcludedGpu:
-    """A GPU that is present but not offered, with the reason (logged as a warning)."""
-
-    index: int
-    uuid: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class OfferedGpu:
-    """An offered GPU: its effective configuration and its devices (in publishing order)."""
-
-    gpu: Gpu
-    config: GpuConfig
-    devices: tuple[FractionDevice, ...]
-
-    @property
-    def counter_set(self) -> str:
-        """Name of the GPU's counter set, which every device of the GPU consumes in full."""
-        return gpu_counter_set(self.gpu)
-
-
-@dataclass(frozen=True)
-class Offer:
-    """Result of :func:`offer`: offered GPUs in index order plus the excluded ones."""
-
-    gpus: tuple[OfferedGpu, ...]
-    excluded: tuple[ExcludedGpu, ...]
-
-    @property
-    def devices(self) -> list[FractionDevice]:
-        """Every device of every offered GPU, in publishing order."""
-        return [d for g in self.gpus for d in g.devices]
-
-
-def gpu_counter_set(gpu: Gpu) -> str:
-    """Counter set name of a GPU: ``gpu-<index>`` (a DNS label)."""
-    return f"gpu-{gpu.index}"
-
-
-def capacity_request_policy(memory_bytes: int, policy: CapacityPolicy) -> dict[str, Any] | None:
-    """The ``requestPolicy`` of a capacity device with ``memory_bytes`` (API JSON), or None when
-    ``minimum + step`` exceeds the card (the API rejects such a range; the GPU is not offered).
-
-    ``validRange.max`` is the largest ``minimum + n * step`` within the card; ``default`` is the
-    configured default rounded up to the grid (at most ``max``), or ``max`` when unset ("full").
-    """
-    lo, step = policy.minimum, policy.step
-    if lo + step > memory_bytes:
-        return None
-    hi = lo + (memory_bytes - lo) // step * step
-    if policy.default is None:
-        default = hi
-    else:
-        default = min(hi, lo + max(0, -(-(policy.default - lo) // step)) * step)
-    return {
-        "default": canonical_quantity(default),
-        "validRange": {
-            "min": canonical_quantity(lo),
-            "step": canonical_quantity(step),
-            "max": canonical_quantity(hi),
-        },
-    }
-
-
-def offer(inventory: Inventory, config: NodeConfig) -> Offer:
-    """Decide which GPUs are offered and their devices. Pure; never raises for a GPU.
-
-    Per offered GPU and per compute mode it is offered in (both for ``computeMode: auto``),
-    one shared device ``gpu-<i>-<mode>``; with ``extendedResources`` also one device per
-    product before it (``gpu-<i>-<mode>-<product>``, listed first so that an extended-resource
-    claim, which takes a device's default, finds its product's device before the shared one).
-
-    Excluded (not offered): MIG-enabled GPUs (MPS fractions need MIG off), GPUs older than Volta
-    (compute capability < 7.0, :func:`~dra_driver.gpus.pre_volta_reason`), GPUs disabled by the
-    configuration (``enabled: false``), capacity-model GPUs smaller than ``minimum + step``,
-    products-model GPUs on which every product would round to 0 bytes.
-    """
-    planned: list[OfferedGpu] = []
-    excluded: list[ExcludedGpu] = []
-    for gpu in sorted(inventory.gpus, key=lambda g: g.index):
-        cfg = config.for_gpu(gpu)
-        reason = _exclusion(gpu, cfg)
-        if reason:
-            excluded.append(ExcludedGpu(gpu.index, gpu.uuid, reason))
-            continue
-        if cfg.fraction_model == FractionModel.CAPACITY:
-            devices = tuple(_device(gpu, mode, FractionModel.CAPACITY) for mode in cfg.modes)
-        else:
-            devices = _product_devices(gpu, cfg, config)
-        planned.append(OfferedGpu(gpu, cfg, devices))
-    return Offer(tuple(planned), tuple(excluded))
-
-
-def _exclusion(gpu: Gpu, cfg: GpuConfig) -> str | None:
-    """Why ``gpu`` is not offered, or None."""
-    if gpu.mig_enabled:
-        return "MIG mode is enabled"
-    too_old = pre_volta_reason(gpu.compute_capability)
-    if too_old:
-        return too_old
-    if not cfg.enabled:
-        return "disabled by node configuration"
-    if cfg.fraction_model == FractionModel.CAPACITY:
-        if capacity_request_policy(gpu.memory_bytes, cfg.capacity) is None:
-            return "card memory is smaller than capacity.minimum + capacity.step"
-    elif not _fitting_products(gpu, cfg):
-        return "no product fits the card"
-    return None
-
-
-def _fitting_products(gpu: Gpu, cfg: GpuConfig) -> list[Product]:
-    return [p for p in cfg.products if product_memory_bytes(gpu, p.portion) > 0]
-
-
-def _device(
-    gpu: Gpu,
-    mode: ComputeMode,
-    model: FractionModel,
-    slots: int = 0,
-    sizes: tuple[int, ...] = (),
-    product: Product | None = None,
-) -> FractionDevice:
-    suffix = f"-{product.name}" if product is not None else ""
-    return FractionDevice(
-        name=f"gpu-{gpu.index}-{mode}{suffix}",
-        gpu=gpu,
-        fraction_model=model,
-        product=product.name if product is not None else None,
-        portion=product.portion if product is not None else None,
-        memory_bytes=gpu.memory_bytes,
-        compute_mode=mode,
-        counter_set=gpu_counter_set(gpu),
-        slots=slots,
-        sizes=sizes,
-    )
-
-
-def _product_devices(gpu: Gpu, cfg: GpuConfig, config: NodeConfig) -> tuple[FractionDevice, ...]:
-    total = config.slots
-    products = _fitting_products(gpu, cfg)
-    sizes = tuple(sorted({int(p.portion * total) for p in products}))
-    devices: list[FractionDevice] = []
-    for mode in cfg.modes:
-        if config.extended_resources:
-            for p in products:
-                size = (int(p.portion * total),)
-                devices.append(_device(gpu, mode, FractionModel.PRODUCTS, total, size, p))
-        devices.append(_device(gpu, mode, FractionModel.PRODUCTS, total, sizes))
-    return tuple(devices)
-
-
-def offered_devices(inventory: Inventory, config: NodeConfig) -> list[FractionDevice]:
-    """All devices the node publishes, in publishing order (see :func:`offer`)."""
-    return offer(inventory, config).devices
-
-
-def devices_by_name(inventory: Inventory, config: NodeConfig) -> dict[str, FractionDevice]:
-    """Map device name -> :class:`FractionDevice`, for Prepare to resolve an allocation result."""
-    return {d.name: d for d in offered_devices(inventory, config)}
 
 
 def semver(text: str) -> str | None:

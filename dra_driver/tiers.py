@@ -14,7 +14,7 @@ Tiers (``docs/enforcement.md``, "Tiers"; sources listed there):
 - ``none``: no usable MPS: the program is missing, only protocol v2 exists (this driver
   enforces through v3 namespaces; a v2 path would need one daemon per claim), MIG is on, or
   the GPU is older than Volta (compute capability < 7.0: pre-Volta MPS has no per-client
-  memory limits; such GPUs are not offered at all, see :func:`dra_driver.slices.offer`).
+  memory limits; such GPUs are not offered at all, see :func:`dra_driver.offer.offer`).
   Memory is not capped; never present it as capped.
 
 :func:`decide_tier` is pure; :func:`gather_node_facts` reads the node through an injectable

@@ -27,7 +27,7 @@ ON_GPU4 = 'device.attributes["gpu-fraction.dra.dev"].index == 4'
 
 def test_capacity_shares_of_one_gpu(e2e: E2E) -> None:
     node = e2e.nodes[0]
-    gpu4 = slice_devices(e2e.slices(node.name))["gpu-4"]
+    gpu4 = slice_devices(e2e.slices(node.name))["gpu-4-sm-sharing"]
     assert gpu4["allowMultipleAllocations"] is True
     assert attr(gpu4, "fractionModel") == "capacity"
 
@@ -45,13 +45,13 @@ def test_capacity_shares_of_one_gpu(e2e: E2E) -> None:
     share_ids = set()
     for name, prepared in got.items():
         [result] = prepared.results
-        assert result["device"] == "gpu-4"
+        assert result["device"] == "gpu-4-sm-sharing"
         assert result["shareID"]
         share_ids.add(result["shareID"])
         consumed = parse_bytes(result["consumedCapacity"]["memory"], "consumedCapacity")
         assert consumed == expected[name] * MIB
         [device] = prepared.spec["devices"]
-        assert device["name"].endswith(f"gpu-4-{result['shareID']}")
+        assert device["name"].endswith(f"gpu-4-sm-sharing-{result['shareID']}")
         env = prepared.view.env
         assert env["NVIDIA_GPU_MEMORY_REQUEST"] == str(expected[name])
         assert env["NVIDIA_GPU_MEMORY_LIMIT"] == str(expected[name])

@@ -98,13 +98,15 @@ def test_each_product_class_prepared_and_unprepared(e2e: E2E) -> None:
     for product, portion in PRODUCTS.items():
         got[product] = check_prepared(e2e, f"pod-{product}")
         [result] = got[product].results
-        assert result["device"].split("-")[2] == product
+        gpu = 0 if product == "full" else 1
+        # The GPU's shared time-slicing device; the class's size came from the sizing policy.
+        assert result["device"] == f"gpu-{gpu}-time-slicing"
+        assert result["consumedCapacity"] == {"slots": str(int(portion * 8))}
         memory_mib = product_memory_bytes(card, portion) // MIB
         view = got[product].view
         assert view.env["NVIDIA_GPU_MEMORY_REQUEST"] == str(memory_mib)
         assert view.env["NVIDIA_GPU_MEMORY_LIMIT"] == str(memory_mib)  # limit defaults to request
         assert view.env["GPU_FRACTION_COMPUTE_MODE"] == "time-slicing"
-        gpu = 0 if product == "full" else 1
         assert view.devices == sorted(
             [f"/dev/nvidia{gpu}", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidiactl"]
         )

@@ -52,7 +52,7 @@ def test_sm_sharing_and_time_slicing_side_by_side(e2e: E2E) -> None:
 
     mps = check_prepared(e2e, "mps")
     [result] = mps.results
-    assert result["device"].startswith("gpu-9-quarter-")
+    assert result["device"] == "gpu-9-sm-sharing"
     env = mps.view.env
     assert env["GPU_FRACTION_COMPUTE_MODE"] == "sm-sharing"
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
@@ -63,14 +63,14 @@ def test_sm_sharing_and_time_slicing_side_by_side(e2e: E2E) -> None:
     assert any(m["containerPath"] == env["CUDA_MPS_PIPE_DIRECTORY"] for m in mounts)
 
     plain = check_prepared(e2e, "plain")
-    assert plain.results[0]["device"].startswith("gpu-9-quarter-")
+    assert plain.results[0]["device"] == "gpu-9-sm-sharing"
     plain_env = plain.view.env
     assert plain_env["GPU_FRACTION_COMPUTE_MODE"] == "sm-sharing"
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in plain_env
     assert plain_env["NVIDIA_GPU_MEMORY_LIMIT"] == plain_env["NVIDIA_GPU_MEMORY_REQUEST"]
 
     ts = check_prepared(e2e, "ts")
-    assert ts.results[0]["device"].startswith("gpu-1-quarter-")
+    assert ts.results[0]["device"] == "gpu-1-time-slicing"
     assert ts.view.env["GPU_FRACTION_COMPUTE_MODE"] == "time-slicing"
     # Two claims on GPU 9 in the sm-sharing daemon, one on GPU 1 in the time-slicing one:
     # three separate pipe directories, each mounted in its own container only.

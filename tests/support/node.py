@@ -18,8 +18,8 @@ from dra_driver.devices import DeviceStatus, FractionDevice
 from dra_driver.gpus import SimulatedGpuSource, simnode
 from dra_driver.locking import PrepareLock
 from dra_driver.mps import FractionEnforcer, RecordingEnforcer
+from dra_driver.offer import offered_devices
 from dra_driver.preparation import ClaimPreparation
-from dra_driver.slices import offered_devices
 from dra_driver.vocabulary import FractionModel
 from tests.support import claimfactory as cf
 from tests.support.apiserver_stub import ClaimServer

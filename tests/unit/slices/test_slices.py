@@ -29,13 +29,11 @@ from dra_driver.configload import parse_node_config
 from dra_driver.devices import FractionDevice
 from dra_driver.gpus import MIB, Gpu, Inventory, SimulatedGpuSource, SkippedGpu
 from dra_driver.gpus.simulated import PROFILES
+from dra_driver.offer import capacity_request_policy, devices_by_name, offered_devices
 from dra_driver.quantities import quantity_value
 from dra_driver.slices import (
     PCI_BUS_ID_ATTRIBUTE,
     build_slices,
-    capacity_request_policy,
-    devices_by_name,
-    offered_devices,
     render_slices_json,
     semver,
     slice_devices,
