@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
@@ -223,7 +224,12 @@ def make_enforcer(
 
 
 def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
-    """Run the plugin until SIGTERM/SIGINT (or ``stop``); returns the exit code."""
+    """Run the plugin until SIGTERM/SIGINT (or ``stop``); returns the exit code.
+
+    Raises:
+        DriverError, ConfigException, OSError: start-up failed; whatever had started (servers,
+            sockets, threads, the metrics endpoint) was released first (:class:`Startup`).
+    """
     stop = stop or threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -235,96 +241,134 @@ def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-    ensure_dir(Path(opts.state_dir), 0o700)  # owner-only before anything is put in it
-    config = load_node_config(opts.node_config)
-    lost_file = opts.sim_root / simnode.LOST_GPUS if opts.simulated else None
-    state = NodeState(open_source(opts.gpus, seed=opts.node_name, lost_file=lost_file), config)
-    state.refresh()
-    paths = SocketPaths.for_driver(
-        opts.driver_name, opts.plugin_dir, opts.registry_dir, opts.rolling_update_uid
-    )
-    check_socket_paths(paths, opts.mps, (g.index for g in state.inventory.gpus))
-    warn_unmatched_selectors(config, state.inventory.gpus, source=opts.node_config)
-    device_root = "/"
-    # A privileged container's /dev is a copy made at its start; --host-root shows the host's
-    # live /dev, where the runtime will look for the nodes a CDI spec names.
-    device_root_view = opts.host_root
-    if opts.simulated:
-        # A real runtime reads our CDI specs: give it device nodes and a hook that exist.
-        sim = simnode.install(opts.sim_root, state.inventory.gpus, opts.simulated_cdi_hook or None)
-        opts = replace(opts, mps=replace(opts.mps, ctk_hook_path=str(sim.hook_path)))
-        device_root = device_root_view = str(sim.device_root)
-        log.info("simulated node hardware ready", root=str(sim.root), hook=str(sim.hook_path))
-    report = detect_enforcement(
-        state.inventory,
-        simulated=opts.simulated,
-        root=opts.host_root,
-        control_binary=opts.mps.control_binary,
-        hook_path=opts.mps.ctk_hook_path,
-    )
-    enforcer, usage = make_enforcer(opts, report)
-    api = api_client(opts.kubeconfig)
-    metrics = Metrics()
-    driver = ClaimPreparation(
-        driver_name=opts.driver_name,
-        pool=opts.node_name,
-        reader=ApiClaimReader(api),
-        devices=state.devices,
-        enforcer=enforcer,
-        cdi_root=opts.cdi_root,
-        state_dir=opts.state_dir,
-        lock=PrepareLock(Path(opts.plugin_dir) / opts.driver_name / "prepare.lock"),
-        boot_id=read_boot_id(),
-        metrics=metrics,
-        device_root=device_root,
-        call_budget=opts.call_budget,
-        device_root_view=device_root_view,
-    )
-    driver.start()
-    publisher = SlicePublisher(
-        k8s.ResourceV1Api(api), opts.driver_name, opts.node_name, metrics=metrics
-    )
-
-    def desired() -> list[dict[str, object]]:
-        state.refresh()
-        # Read every round: a re-registered Node has a new UID, and slices owned by the old
-        # one would be garbage-collected as soon as they are written.
-        node_uid = read_node_uid(api, opts.node_name)
-        return build_slices(
-            state.inventory,
-            config,
-            opts.driver_name,
-            opts.node_name,
-            enforcement=report.tiers,
-            node_uid=node_uid,
-        )
-
-    server = PluginServer(driver, paths, state.health, opts.health_interval)
-    server.start()
-    register_accounting(metrics.registry, driver.prepared_plans, usage)
-    threading.Thread(
-        target=supervise, args=(enforcer, state, stop), name="mps-supervisor", daemon=True
-    ).start()
-    if opts.metrics_port:
-        start_http_server(
-            opts.metrics_port, addr=opts.metrics_bind_address, registry=metrics.registry
-        )
-    wake = threading.Event()
-    publishing = threading.Thread(
-        target=publisher.run,
-        args=(stop, desired, opts.publish_interval, wake),
-        name="publisher",
-        daemon=True,
-    )
-    publishing.start()
-    threading.Thread(
-        target=publisher.watch, args=(stop, wake), name="slice-watch", daemon=True
-    ).start()
-
-    log.info("kubelet plugin running", node=opts.node_name, gpus=len(state.inventory.gpus))
-    stop.wait()
-    wake.set()
-    server.stop()
-    publishing.join(timeout=5)
-    driver.close()
+    with Startup(opts, stop) as plugin:
+        log.info("kubelet plugin running", node=opts.node_name, gpus=plugin.gpu_count)
+        stop.wait()
     return 0
+
+
+class Startup:
+    """The running plugin: owns its servers, sockets, threads and the metrics endpoint.
+
+    Entering starts everything in order; each part registers how it is released, so a
+    failure at any step (a busy metrics port, an unwritable directory) releases what had
+    started (sockets removed, gRPC servers stopped, threads told to stop) before the error
+    propagates. Leaving stops everything in reverse order.
+
+    Args:
+        opts: the plugin's options.
+        stop: set to stop the threads (also set when the object is left).
+    """
+
+    def __init__(self, opts: PluginOptions, stop: threading.Event) -> None:
+        self.opts = opts
+        self.stop = stop
+        self.gpu_count = 0
+        self._stack = ExitStack()
+
+    def __enter__(self) -> Startup:
+        try:
+            self._start()
+        except BaseException:
+            self.stop.set()
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self._stack.close()
+
+    def _start(self) -> None:
+        opts = self.opts
+        ensure_dir(Path(opts.state_dir), 0o700)  # owner-only before anything is put in it
+        config = load_node_config(opts.node_config)
+        lost_file = opts.sim_root / simnode.LOST_GPUS if opts.simulated else None
+        source = open_source(opts.gpus, seed=opts.node_name, lost_file=lost_file)
+        state = NodeState(source, config)
+        state.refresh()
+        self.gpu_count = len(state.inventory.gpus)
+        paths = SocketPaths.for_driver(
+            opts.driver_name, opts.plugin_dir, opts.registry_dir, opts.rolling_update_uid
+        )
+        check_socket_paths(paths, opts.mps, (g.index for g in state.inventory.gpus))
+        warn_unmatched_selectors(config, state.inventory.gpus, source=opts.node_config)
+        device_root = "/"
+        # A privileged container's /dev is a copy made at its start; --host-root shows the
+        # host's live /dev, where the runtime will look for the nodes a CDI spec names.
+        device_root_view = opts.host_root
+        if opts.simulated:
+            # A real runtime reads our CDI specs: give it device nodes and a hook that exist.
+            hook = opts.simulated_cdi_hook or None
+            sim = simnode.install(opts.sim_root, state.inventory.gpus, hook)
+            opts = replace(opts, mps=replace(opts.mps, ctk_hook_path=str(sim.hook_path)))
+            device_root = device_root_view = str(sim.device_root)
+            log.info("simulated node hardware ready", root=str(sim.root), hook=str(sim.hook_path))
+        report = detect_enforcement(
+            state.inventory,
+            simulated=opts.simulated,
+            root=opts.host_root,
+            control_binary=opts.mps.control_binary,
+            hook_path=opts.mps.ctk_hook_path,
+        )
+        enforcer, usage = make_enforcer(opts, report)
+        api = api_client(opts.kubeconfig)
+        metrics = Metrics()
+        driver = ClaimPreparation(
+            driver_name=opts.driver_name,
+            pool=opts.node_name,
+            reader=ApiClaimReader(api),
+            devices=state.devices,
+            enforcer=enforcer,
+            cdi_root=opts.cdi_root,
+            state_dir=opts.state_dir,
+            lock=PrepareLock(Path(opts.plugin_dir) / opts.driver_name / "prepare.lock"),
+            boot_id=read_boot_id(),
+            metrics=metrics,
+            device_root=device_root,
+            call_budget=opts.call_budget,
+            device_root_view=device_root_view,
+        )
+        self._stack.callback(driver.close)
+        driver.start()
+        server = PluginServer(driver, paths, state.health, opts.health_interval)
+        self._stack.callback(server.stop)
+        server.start()
+        register_accounting(metrics.registry, driver.prepared_plans, usage)
+        self._thread("mps-supervisor", supervise, enforcer, state, self.stop)
+        if opts.metrics_port:
+            http, _ = start_http_server(
+                opts.metrics_port, addr=opts.metrics_bind_address, registry=metrics.registry
+            )
+            self._stack.callback(http.server_close)
+            self._stack.callback(http.shutdown)
+        publisher = SlicePublisher(
+            k8s.ResourceV1Api(api), opts.driver_name, opts.node_name, metrics=metrics
+        )
+
+        def desired() -> list[dict[str, object]]:
+            state.refresh()
+            # Read every round: a re-registered Node has a new UID, and slices owned by the
+            # old one would be garbage-collected as soon as they are written.
+            node_uid = read_node_uid(api, opts.node_name)
+            return build_slices(
+                state.inventory,
+                config,
+                opts.driver_name,
+                opts.node_name,
+                enforcement=report.tiers,
+                node_uid=node_uid,
+            )
+
+        wake = threading.Event()
+        publishing = self._thread(
+            "publisher", publisher.run, self.stop, desired, opts.publish_interval, wake
+        )
+        self._stack.callback(publishing.join, 5)
+        self._stack.callback(wake.set)  # released first: wakes the publisher to see the stop
+        self._thread("slice-watch", publisher.watch, self.stop, wake)
+
+    def _thread(self, name: str, target: Callable[..., object], *args: object) -> threading.Thread:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        thread.start()
+        return thread
