@@ -49,7 +49,11 @@ def test_quota_on_device_class_devices(e2e: E2E) -> None:
     e2e.wait_running("two")
     a = check_prepared(e2e, "two", "a")
     b = check_prepared(e2e, "two", "b")
-    assert a.results[0]["device"] != b.results[0]["device"]
+    # Two shares (of one GPU's shared device or of two GPUs), never one share twice.
+    assert (a.results[0]["device"], a.results[0]["shareID"]) != (
+        b.results[0]["device"],
+        b.results[0]["shareID"],
+    )
     # A template-made claim over quota: the pod never gets it and says why.
     e2e.template("q", "gpu-quarter")
     e2e.pod("over", node, templates={"gpu": "q"})
