@@ -83,9 +83,11 @@ def measure(
         cluster.parallel(lambda n: cluster.patch_pod(run, n, ungate), names)
         ungated = time.monotonic() - start
         deadline = start + 300
-        while len(watch.bound) < pods and time.monotonic() < deadline:
+        while len(watch.bound) < pods and time.monotonic() < deadline and watch.alive:
             time.sleep(0.05)
         watch.close()
+        if watch.error is not None or watch.restarts:
+            print(f"  watch: {watch.restarts} restarts, last error {watch.error}", flush=True)
         last = max(watch.bound.values(), default=start)
         seconds = last - start
         bound = len(watch.bound)

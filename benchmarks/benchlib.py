@@ -447,8 +447,13 @@ class Cluster:
         return data
 
     def stream(self, path: str, query: Mapping[str, Any]) -> Any:
-        """A GET whose body is read as it arrives (a watch): the urllib3 response."""
-        return self._send("GET", path, None, query, "application/json").response
+        """A GET whose body is read as it arrives (a watch): the urllib3 response. Raises
+        ApiException for an HTTP error (e.g. 504 "Too large resource version")."""
+        resp = self._send("GET", path, None, query, "application/json")
+        if resp.status >= 400:
+            resp.read()
+            raise ApiException(http_resp=resp)
+        return resp.response
 
     def exists(self, path: str) -> bool:
         try:
@@ -553,9 +558,9 @@ class Cluster:
         return items
 
     def pods_resource_version(self, ns: str) -> str:
-        version: str = self.call("GET", pods_path(ns), query={"limit": 1})["metadata"][
-            "resourceVersion"
-        ]
+        """The resource version of a full list of the namespace's pods (served from the API
+        server's watch cache, so a watch from it starts at once)."""
+        version: str = self.call("GET", pods_path(ns))["metadata"]["resourceVersion"]
         return version
 
     def cleanup(self, run: str, ns: str | None) -> None:
@@ -584,26 +589,84 @@ class Cluster:
         )
 
 
+MAX_WATCH_RESTARTS = 50
+"""Restarts of a :class:`BindWatch` (relist, rewatch) before it gives up."""
+
+
 class BindWatch:
     """Watches a namespace's pods from a resource version; records when each pod first has
-    ``spec.nodeName`` (monotonic seconds) and which pods were ever marked Unschedulable."""
+    ``spec.nodeName`` (monotonic seconds) and which pods were ever marked Unschedulable.
+
+    A watch that ends early or gets an ERROR event (e.g. the API server's "Too large resource
+    version" when its watch cache lags the list it was started from) is restarted from a fresh
+    list, whose bound pods are recorded at that moment (``restarts`` counts them); ``error``
+    holds the last failure."""
 
     def __init__(self, cluster: Cluster, ns: str, resource_version: str) -> None:
         self.bound: dict[str, float] = {}
         self.unschedulable: set[str] = set()
+        self.restarts = 0
+        self.error: str | None = None
+        self._cluster, self._ns = cluster, ns
         self._stop = threading.Event()
-        query = {"watch": "true", "resourceVersion": resource_version, "timeoutSeconds": 900}
-        self._resp = cluster.stream(pods_path(ns), query)
+        self._resp: Any = None
+        try:
+            self._resp = self._open(resource_version)
+        except ApiException as e:
+            self.error = f"watch refused: HTTP {e.status} {e.body}"
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
+    def _open(self, resource_version: str) -> Any:
+        query = {"watch": "true", "resourceVersion": resource_version, "timeoutSeconds": 900}
+        return self._cluster.stream(pods_path(self._ns), query)
+
     def _run(self) -> None:
-        with contextlib.suppress(Exception):  # the stream ends when close() shuts it
-            for line in iter_resp_lines(self._resp):
-                if line.strip():
-                    self._event(json.loads(line)["object"], time.monotonic())
-                if self._stop.is_set():
+        try:
+            while not self._stop.is_set():
+                if self._follow() and self._stop.is_set():
                     return
+                self.restarts += 1
+                if self.restarts > MAX_WATCH_RESTARTS:
+                    return
+                time.sleep(0.2)
+                self._relist()
+        except Exception as e:  # noqa: BLE001 - the stream ends when close() shuts it
+            if not self._stop.is_set():
+                self.error = f"{type(e).__name__}: {e}"
+
+    def _relist(self) -> None:
+        """Record the pods of a fresh list and reopen the watch from its resource version."""
+        listed = self._cluster.call("GET", pods_path(self._ns))
+        now = time.monotonic()
+        for pod in listed["items"]:
+            self._event(pod, now)
+        try:
+            self._resp = self._open(listed["metadata"]["resourceVersion"])
+        except ApiException as e:
+            self.error = f"watch refused: HTTP {e.status} {e.body}"
+            self._resp = None
+
+    def _follow(self) -> bool:
+        """Consume the stream; False after an ERROR event or a refused watch, True when it
+        ends."""
+        if self._resp is None:
+            return False
+        for line in iter_resp_lines(self._resp):
+            if self._stop.is_set():
+                return True
+            if not line.strip():
+                continue
+            event = json.loads(line)
+            if event["type"] == "ERROR":
+                self.error = json.dumps(event["object"].get("message"))
+                return False
+            self._event(event["object"], time.monotonic())
+        return True
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def _event(self, pod: dict[str, Any], now: float) -> None:
         name = pod["metadata"]["name"]
@@ -613,5 +676,7 @@ class BindWatch:
             self.unschedulable.add(name)
 
     def close(self) -> None:
+        """Stop the watch (shut its connection unless it already ended)."""
         self._stop.set()
-        self._resp.shutdown()
+        with contextlib.suppress(RuntimeError, AttributeError):
+            self._resp.shutdown()
