@@ -4,10 +4,19 @@ Pending.
 Per seed: a fresh kubelet-less node with the layout's slices; claims arrive one at a time,
 each of a size drawn (seeded, uniform) from ``--sizes`` (portions of a card; a size maps to
 the product class ``gpu-eighth``/``-quarter``/``-half``/``-full``, written as the layout's
-``claim_spec``), as a ResourceClaim plus a pod using it. Each pod is waited for until it is
-bound or the scheduler marks it PodScheduled=False/Unschedulable (or ``--wait`` seconds pass,
-counted as Pending). At the first Pending pod the run stops and reports the share of the
-node's GPU memory allocated: sum of the sizes of the bound claims / GPUs.
+``claim_spec``), as a ResourceClaim plus a pod using it. The default layout is
+``render-slices`` (the driver's published model, with its DeviceClasses and its sizing
+MutatingAdmissionPolicy installed: a claim names only the class, the API server writes its
+slots); ``file:benchmarks/layouts/products_v1.py`` is the layout before issue 11. Each pod
+is waited for until it is bound or the scheduler marks it PodScheduled=False/Unschedulable
+(or ``--wait`` seconds pass, counted as Pending). At the first Pending pod the run stops and
+reports the share of the node's GPU memory allocated: sum of the sizes of the bound claims /
+GPUs.
+
+Measured for the issue-11 note (Kube-DC-like mix, then with eighths; 2 shared cores):
+    .venv/bin/python benchmarks/bench_packing.py --sizes 0.25,0.5,1 [--layout L]
+    .venv/bin/python benchmarks/bench_packing.py --sizes 0.125,0.25,0.5,1 [--layout L]
+with L = render-slices (default) and file:benchmarks/layouts/products_v1.py.
 
 Usage: .venv/bin/python benchmarks/bench_packing.py [--layout render-slices|file:PATH]
     [--config NODE_CONFIG] [--seeds 5] [--sizes 0.25,0.5,1] [--kubeconfig PATH]
@@ -32,16 +41,11 @@ CLASS_OF = {size: f"gpu-{stem}" for stem, size in benchlib.PRODUCT_SIZES.items()
 
 def place(cluster: benchlib.Cluster, ns: str, name: str, spec: dict[str, Any], wait: float) -> bool:
     """Create claim and pod ``name``; True once bound, False once Unschedulable or timed out."""
-    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim"}
-    cluster.res.create_namespaced_resource_claim(
-        ns, {**claim, "metadata": {"name": name}, "spec": spec}
-    )
-    cluster.core.create_namespaced_pod(
-        ns, benchlib.pod_body(name, {"resourceClaimName": name}, False)
-    )
+    cluster.create_claim(ns, name, spec)
+    cluster.create_pod(ns, benchlib.pod_body(name, {"resourceClaimName": name}, False))
 
     def outcome() -> str | None:
-        pod = benchlib.raw(cluster.core.read_namespaced_pod(name, ns, _preload_content=False))
+        pod = cluster.read_pod(ns, name)
         if pod["spec"].get("nodeName"):
             return "bound"
         return "pending" if benchlib.unschedulable(pod) else None
@@ -66,6 +70,7 @@ def fill(
     """One seed on a fresh node; returns (allocated share, sizes bound in order)."""
     rng = random.Random(seed)
     cluster.put_classes(layout.classes())
+    cluster.put_policies(layout)
     cluster.add_nodes(layout, run, 1, GPUS)
     cluster.namespace(run)
     bound: list[float] = []
@@ -98,7 +103,8 @@ def main() -> int:
     layout = benchlib.load_layout(args.layout, args.config)
     tag = f"{int(time.time()) % 100000:05d}"
     shares = []
-    with benchlib.local_cluster(args.kubeconfig, args.keep_cluster) as kubeconfig:
+    with benchlib.local_cluster(args.kubeconfig, args.keep_cluster) as (kubeconfig, how):
+        print(f"client rate limits: {how}", flush=True)
         cluster = benchlib.Cluster(kubeconfig)
         try:
             for seed in range(1, args.seeds + 1):

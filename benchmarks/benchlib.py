@@ -6,13 +6,24 @@ A *layout* is what the driver publishes, as three functions (a module passed as
 - ``slices(node: str, gpus: int) -> list[dict]``: the ResourceSlices (API JSON) of one node;
 - ``classes() -> list[dict]``: the DeviceClasses it needs;
 - ``claim_spec(class_name: str) -> dict``: the ResourceClaim ``spec`` a user writes for a
-  product class name (``gpu-quarter``, ``gpu-half-sm-sharing``, ...), one request ``gpu``.
+  product class name (``gpu-quarter``, ``gpu-half-sm-sharing``, ...), one request ``gpu``;
+
+and optionally two more (a module without them installs no admission policy):
+
+- ``policies() -> list[dict]``: admission objects to install with the classes (the driver's
+  sizing MutatingAdmissionPolicy and its binding, :mod:`dra_driver.sizing`);
+- ``sized_slots(class_name: str) -> str | None``: the ``capacity.requests.slots`` the API
+  server must have written into a claim of that class (None: no capacity request), checked
+  with a dry-run create before a measurement (:meth:`Cluster.put_policies`).
 
 The cluster is the local control plane (hack/local-cluster: kube-apiserver, -controller-manager
-and -scheduler v1.37.2 with their default client QPS) or any cluster given by a kubeconfig.
-Nodes are kubelet-less Node objects (Ready, allocatable cpu/memory/pods): nothing runs, the
-benchmarks measure scheduling only. Every object a run creates carries the label
-``bench.dra.dev/run=<run>`` and is deleted by :func:`Cluster.cleanup`.
+and -scheduler v1.37.2; :func:`local_cluster` sets their client rate limits) or any cluster
+given by a kubeconfig. Nodes are kubelet-less Node objects (Ready, allocatable cpu/memory/pods):
+nothing runs, the benchmarks measure scheduling only. Every object a run creates carries the
+label ``bench.dra.dev/run=<run>`` and is deleted by :func:`Cluster.cleanup`.
+
+API calls go through :meth:`Cluster.call` with JSON bodies (plain dicts in, dicts out): the
+typed client's models cost CPU that the 2-core machines running these benchmarks lack.
 """
 
 from __future__ import annotations
@@ -25,9 +36,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
@@ -35,33 +47,60 @@ from typing import Any, Protocol
 from dra_driver.enforcement import detect_enforcement
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.config import load_node_config
+from dra_driver import DEFAULT_DRIVER_NAME, logs
+from dra_driver.configload import load_node_config
 from dra_driver.deviceclasses import build_device_classes
 from dra_driver.gpus import Inventory
+from dra_driver.sizing import class_slots, sizing_policy
 from dra_driver.slices import render_slices_json
+from dra_driver.tiers import detect_enforcement
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = DEFAULT_DRIVER_NAME
 RUN_LABEL = "bench.dra.dev/run"
+POLICY_LABEL = "bench.dra.dev/policy"
+"""Label on the admission objects a benchmark installed (replaced per layout)."""
 GATE = "bench.dra.dev/hold"
 GPU_MODEL = "H200"
 MIB = 1024 * 1024
 PRODUCT_SIZES = {"eighth": 0.125, "quarter": 0.25, "half": 0.5, "full": 1.0}
 """Portion of a card per product class stem (``gpu-<stem>[-sm-sharing]``)."""
+PROBE_CLASS = "gpu-quarter"
+"""Class of the dry-run claim that checks the admission policies (:meth:`Cluster.put_policies`)."""
 MAX_COUNTER_SETS_PER_SLICE = 8
 MAX_DEVICES_PER_SLICE = 64
 """Kubernetes 1.37 limits: 8 counter sets per slice; 64 devices per slice once a device
 consumes counters or allows multiple allocations."""
+
+RESOURCE = "/apis/resource.k8s.io/v1"
+ADMISSION = "/apis/admissionregistration.k8s.io/v1"
+KINDS = {
+    "MutatingAdmissionPolicy": f"{ADMISSION}/mutatingadmissionpolicies",
+    "MutatingAdmissionPolicyBinding": f"{ADMISSION}/mutatingadmissionpolicybindings",
+}
+"""Collection path of each admission kind a layout may install."""
 
 
 class Layout(Protocol):
     def slices(self, node: str, gpus: int) -> list[dict[str, Any]]: ...
     def classes(self) -> list[dict[str, Any]]: ...
     def claim_spec(self, class_name: str) -> dict[str, Any]: ...
+
+
+def layout_policies(layout: Layout) -> list[dict[str, Any]]:
+    """The layout's admission objects (``policies()``), or none."""
+    fn: Callable[[], list[dict[str, Any]]] | None = getattr(layout, "policies", None)
+    return fn() if fn is not None else []
+
+
+def layout_sized_slots(layout: Layout, class_name: str) -> str | None:
+    """The slots the layout's policies write into a claim of ``class_name`` (``sized_slots``),
+    or None (no capacity request)."""
+    fn: Callable[[str], str | None] | None = getattr(layout, "sized_slots", None)
+    return fn(class_name) if fn is not None else None
 
 
 def product_of(class_name: str) -> tuple[str, str]:
@@ -81,6 +120,13 @@ def one_request(exactly: dict[str, Any]) -> dict[str, Any]:
     return {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}
 
 
+def requested_slots(spec: Mapping[str, Any]) -> str | None:
+    """``capacity.requests.slots`` of a claim spec's first request, or None."""
+    exactly = spec["devices"]["requests"][0].get("exactly", {})
+    slots: str | None = exactly.get("capacity", {}).get("requests", {}).get("slots")
+    return slots
+
+
 def _tiers(inventory: Inventory) -> dict[str, str]:
     return detect_enforcement(inventory, simulated=True).tiers
 
@@ -93,30 +139,38 @@ def rendered_slices(node: str, gpus: int, config: str | None) -> list[dict[str, 
     return result
 
 
+GPU_ONLY_DROP = frozenset({"product", "portion", "fractionModel", "computeMode"})
+"""Attributes of a rendered device that describe the fraction, not the GPU."""
+
+
 def gpu_attributes(node: str, gpus: int) -> list[dict[str, Any]]:
-    """Per GPU (by index), the attributes render-slices gives its whole-card product device,
-    without ``product``, ``portion``, ``fractionModel`` and ``computeMode``."""
-    devices = [d for s in rendered_slices(node, gpus, None) for d in s["spec"].get("devices", [])]
-    drop = {"product", "portion", "fractionModel", "computeMode"}
-    by_index = {
-        d["attributes"]["index"]["int"]: {k: v for k, v in d["attributes"].items() if k not in drop}
-        for d in devices
-        if d["attributes"]["product"]["string"] == "full"
-    }
+    """Per GPU (by index), the attributes render-slices gives the GPU's devices, without
+    ``product``, ``portion``, ``fractionModel`` and ``computeMode``."""
+    by_index: dict[int, dict[str, Any]] = {}
+    for s in rendered_slices(node, gpus, None):
+        for d in s["spec"].get("devices", []):
+            attrs = d["attributes"]
+            by_index.setdefault(
+                attrs["index"]["int"],
+                {k: v for k, v in attrs.items() if k not in GPU_ONLY_DROP},
+            )
     return [by_index[i] for i in range(gpus)]
 
 
 def pool_slices(
-    node: str, counter_sets: Sequence[dict[str, Any]], devices: Sequence[dict[str, Any]]
+    node: str,
+    counter_sets: Sequence[dict[str, Any]],
+    devices: Sequence[dict[str, Any]],
+    per_slice: int = MAX_DEVICES_PER_SLICE,
 ) -> list[dict[str, Any]]:
-    """Slices of pool ``node``: counter sets first (8 per slice), then devices (64 per slice)."""
+    """Slices of pool ``node``: counter sets first (8 per slice), then devices (``per_slice``
+    per slice, at most 64)."""
     parts: list[tuple[str, list[dict[str, Any]]]] = [
         ("sharedCounters", list(counter_sets[i : i + MAX_COUNTER_SETS_PER_SLICE]))
         for i in range(0, len(counter_sets), MAX_COUNTER_SETS_PER_SLICE)
     ]
     parts += [
-        ("devices", list(devices[i : i + MAX_DEVICES_PER_SLICE]))
-        for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)
+        ("devices", list(devices[i : i + per_slice])) for i in range(0, len(devices), per_slice)
     ]
     pool = {"name": node, "generation": 1, "resourceSliceCount": len(parts)}
     return [
@@ -146,9 +200,13 @@ def device_class(name: str, expression: str) -> dict[str, Any]:
 @dataclass
 class RenderSlicesLayout:
     """The driver's own layout: slices from render-slices, classes from
-    ``dra_driver.deviceclasses``. With a capacity-model configuration a product class name is
-    written as ``gpu-memory[-sm-sharing]`` with ``capacity.requests.memory`` = the portion of
-    the device's largest request, rounded DOWN to the request policy's step."""
+    ``dra_driver.deviceclasses``, the sizing admission policy from ``dra_driver.sizing``.
+
+    Products model (default): a claim names only the class; the policy writes
+    ``capacity.requests.slots`` (``gpu-quarter``: 2 of 8). Capacity model (a node config with
+    ``fractionModel: capacity``): a product class name is written as ``gpu-memory[-sm-sharing]``
+    with ``capacity.requests.memory`` = the portion of the device's largest request, rounded
+    DOWN to the request policy's step."""
 
     config: str | None = None
     _capacity: dict[str, Any] | None = field(default=None, init=False)
@@ -167,6 +225,15 @@ class RenderSlicesLayout:
 
     def classes(self) -> list[dict[str, Any]]:
         return build_device_classes(load_node_config(self.config))
+
+    def policies(self) -> list[dict[str, Any]]:
+        return sizing_policy(load_node_config(self.config))
+
+    def sized_slots(self, class_name: str) -> str | None:
+        if self._capacity is not None:
+            return None
+        slots = class_slots(load_node_config(self.config)).get(class_name)
+        return None if slots is None else str(slots)
 
     def claim_spec(self, class_name: str) -> dict[str, Any]:
         if self._capacity is None:
@@ -191,7 +258,9 @@ def mib(quantity: str) -> int:
 
 def load_layout(spec: str, config: str | None) -> Layout:
     """``render-slices`` (with the optional node-config file ``config``),
-    ``render-slices:CONFIG`` or ``file:PATH`` (a module)."""
+    ``render-slices:CONFIG`` or ``file:PATH`` (a module). The driver's logs go to warning
+    level (rendering slices for many nodes would log each GPU's enforcement tier)."""
+    logs.configure("warning", "console")
     if spec == "render-slices":
         return RenderSlicesLayout(config)
     if spec.startswith("render-slices:"):
@@ -199,7 +268,8 @@ def load_layout(spec: str, config: str | None) -> Layout:
     if spec.startswith("file:"):
         if config is not None:
             raise SystemExit("--config applies to --layout render-slices only")
-        return _module(Path(spec.removeprefix("file:")))  # type: ignore[return-value]
+        layout: Layout = _module(Path(spec.removeprefix("file:")))
+        return layout
     raise SystemExit(f"--layout: 'render-slices' or 'file:PATH', got {spec!r}")
 
 
@@ -215,20 +285,6 @@ def _module(path: Path) -> ModuleType:
 # ---------------------------------------------------------------- cluster
 
 
-RAW = {"_preload_content": False}
-"""Keyword argument of the API calls whose response is not turned into a model (CPU)."""
-
-
-def drain(resp: Any) -> None:
-    """Read a raw response to its end, so its connection goes back to the pool."""
-    resp.data  # noqa: B018
-
-
-def raw(resp: Any) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(resp.data)
-    return data
-
-
 def wait(what: str, fn: Callable[[], Any], timeout: float = 120.0, every: float = 0.2) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -239,22 +295,53 @@ def wait(what: str, fn: Callable[[], Any], timeout: float = 120.0, every: float 
     raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
+CLIENT_LIMITS = {
+    "LOCAL_CLUSTER_SCHEDULER_QPS": "500",
+    "LOCAL_CLUSTER_SCHEDULER_BURST": "1000",
+    "LOCAL_CLUSTER_CM_QPS": "500",
+    "LOCAL_CLUSTER_CM_BURST": "1000",
+}
+"""Client rate limits the benchmarks start a local cluster with (hack/local-cluster's knobs;
+the component defaults are QPS 50 / burst 100 for the scheduler, 20 / 30 for the
+controller-manager): high enough that the scheduler's allocation work, not its client's
+throttling, is what a benchmark measures."""
+
+
 @contextlib.contextmanager
-def local_cluster(kubeconfig: str | None, keep: bool) -> Iterator[str]:
-    """Yields a kubeconfig path: the given one, or that of a local control plane started in
-    a fresh state directory (stopped at the end unless ``keep``)."""
+def local_cluster(
+    kubeconfig: str | None, keep: bool, limits: Mapping[str, str] = CLIENT_LIMITS
+) -> Iterator[tuple[str, str]]:
+    """Yields (kubeconfig path, a line describing the control plane's client rate limits): the
+    given kubeconfig, or that of a local control plane started in a fresh state directory with
+    ``limits`` (hack/local-cluster variables) and stopped at the end unless ``keep``."""
     if kubeconfig:
-        yield kubeconfig
+        yield kubeconfig, f"cluster {kubeconfig}: client rate limits as configured there"
         return
     state = Path(os.environ.get("BENCH_CLUSTER_DIR", f"/tmp/dra-bench-{os.getpid()}"))
-    env = {**os.environ, "LOCAL_CLUSTER_DIR": str(state)}
+    env = {**os.environ, **limits, "LOCAL_CLUSTER_DIR": str(state)}
     script = [sys.executable, str(REPO / "hack" / "local-cluster")]
     subprocess.run([*script, "up"], env=env, check=True, stdout=subprocess.DEVNULL)
     try:
-        yield str(state / "kubeconfig")
+        yield str(state / "kubeconfig"), client_limit_flags(state)
     finally:
         if not keep:
             subprocess.run([*script, "down"], env=env, check=False, stderr=subprocess.DEVNULL)
+
+
+def client_limit_flags(state: Path) -> str:
+    """The ``--kube-api-qps``/``--kube-api-burst`` flags on the running kube-scheduler's and
+    kube-controller-manager's command lines (``/proc/<pid>/cmdline``; "defaults" when none)."""
+    parts = []
+    for comp in ("kube-scheduler", "kube-controller-manager"):
+        try:
+            pid = int((state / "run" / f"{comp}.pid").read_text())
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        except (OSError, ValueError):
+            parts.append(f"{comp}: unknown")
+            continue
+        flags = [a for a in argv if a.startswith(("--kube-api-qps", "--kube-api-burst"))]
+        parts.append(f"{comp} {' '.join(flags) or 'defaults'}")
+    return "; ".join(parts)
 
 
 def node_body(name: str, run: str) -> dict[str, Any]:
@@ -284,7 +371,16 @@ def pod_body(name: str, claim: dict[str, str], gated: bool) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
-def unschedulable(pod: dict[str, Any]) -> bool:
+def claim_body(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def unschedulable(pod: Mapping[str, Any]) -> bool:
     """True once the scheduler marked the pod PodScheduled=False/Unschedulable."""
     return any(
         c["type"] == "PodScheduled"
@@ -292,6 +388,14 @@ def unschedulable(pod: dict[str, Any]) -> bool:
         and c.get("reason") == "Unschedulable"
         for c in pod.get("status", {}).get("conditions") or []
     )
+
+
+def pods_path(ns: str) -> str:
+    return f"/api/v1/namespaces/{ns}/pods"
+
+
+def claims_path(ns: str) -> str:
+    return f"{RESOURCE}/namespaces/{ns}/resourceclaims"
 
 
 class Cluster:
@@ -302,13 +406,67 @@ class Cluster:
         k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
         cfg.connection_pool_maxsize = threads * 2
         self.api = k8s.ApiClient(cfg)
-        self.core = k8s.CoreV1Api(self.api)
-        self.res = k8s.ResourceV1Api(self.api)
         self.pool = ThreadPoolExecutor(threads)
 
     def close(self) -> None:
         self.pool.shutdown()
         self.api.close()
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        body: Any,
+        query: Mapping[str, Any] | None,
+        content_type: str,
+    ) -> Any:
+        _, url, headers, data, _ = self.api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=list((query or {}).items()),
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        return self.api.call_api(method, url, header_params=headers, body=data)
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: Mapping[str, Any] | None = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        """One API request with a JSON body; returns the decoded response. Raises ApiException
+        (with ``status``) for an HTTP error."""
+        resp = self._send(method, path, body, query, content_type)
+        resp.read()
+        if resp.status >= 400:
+            raise ApiException(http_resp=resp)
+        data: dict[str, Any] = json.loads(resp.data) if resp.data else {}
+        return data
+
+    def stream(self, path: str, query: Mapping[str, Any]) -> Any:
+        """A GET whose body is read as it arrives (a watch): the urllib3 response. Raises
+        ApiException for an HTTP error (e.g. 504 "Too large resource version")."""
+        resp = self._send("GET", path, None, query, "application/json")
+        if resp.status >= 400:
+            resp.read()
+            raise ApiException(http_resp=resp)
+        return resp.response
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.call("GET", path)
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
+
+    def gone(self, path: str) -> bool:
+        return not self.exists(path)
 
     def parallel(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> None:
         for _ in self.pool.map(fn, items):
@@ -317,126 +475,199 @@ class Cluster:
     def put_classes(self, classes: Sequence[dict[str, Any]]) -> None:
         """Create each DeviceClass, replacing one of the same name."""
         for c in classes:
-            name = c["metadata"]["name"]
+            path = f"{RESOURCE}/deviceclasses/{c['metadata']['name']}"
             with contextlib.suppress(ApiException):
-                self.res.delete_device_class(name)
-            wait(f"DeviceClass {name} gone", lambda n=name: not self._class_exists(n), 30, 0.05)
-            self.res.create_device_class(c)
+                self.call("DELETE", path)
+            wait(f"{path} gone", partial(self.gone, path), 30, 0.05)
+            self.call("POST", f"{RESOURCE}/deviceclasses", c)
 
-    def _class_exists(self, name: str) -> bool:
-        try:
-            self.res.read_device_class(name, _preload_content=False)
-        except ApiException as e:
-            if e.status == 404:
-                return False
-            raise
-        return True
+    def put_policies(self, layout: Layout) -> float:
+        """Replace the admission objects a benchmark installed by the layout's
+        (:func:`layout_policies`), then wait until the API server applies them: a dry-run
+        ``gpu-quarter`` claim (the layout's ``claim_spec``) comes back with
+        ``capacity.requests.slots`` == :func:`layout_sized_slots` (None: without). Returns the
+        seconds that took. Raises RuntimeError after 60 s."""
+        start = time.monotonic()
+        selector = {"labelSelector": POLICY_LABEL}
+        for path in reversed(KINDS.values()):
+            self.call("DELETE", path, query=selector)
+        for obj in layout_policies(layout):
+            obj["metadata"].setdefault("labels", {})[POLICY_LABEL] = "true"
+            self.call("POST", KINDS[obj["kind"]], obj)
+        expected = layout_sized_slots(layout, PROBE_CLASS)
+        probe = claim_body("bench-policy-probe", layout.claim_spec(PROBE_CLASS))
+
+        def applied() -> bool:
+            got = self.call("POST", claims_path("default"), probe, {"dryRun": "All"})
+            return requested_slots(got["spec"]) == expected
+
+        wait(f"a {PROBE_CLASS} claim sized slots={expected}", applied, 60, 0.2)
+        return time.monotonic() - start
 
     def add_nodes(self, layout: Layout, run: str, count: int, gpus: int) -> list[str]:
         """Create ``count`` Ready nodes ``<run>-n<i>`` and publish their slices; returns the
         names once no node carries a taint (the controller-manager lifts not-ready)."""
         names = [f"{run}-n{i:03d}" for i in range(count)]
-        self.parallel(lambda n: drain(self.core.create_node(node_body(n, run), **RAW)), names)
+        self.parallel(lambda n: self.call("POST", "/api/v1/nodes", node_body(n, run)), names)
         slices = [s for n in names for s in layout.slices(n, gpus)]
         for s in slices:
             s["metadata"].setdefault("labels", {})[RUN_LABEL] = run
-        self.parallel(lambda s: drain(self.res.create_resource_slice(s, **RAW)), slices)
+        self.parallel(lambda s: self.call("POST", f"{RESOURCE}/resourceslices", s), slices)
         wait("nodes untainted", lambda: self._untainted(run) == count, 120, 0.5)
         return names
 
     def _untainted(self, run: str) -> int:
-        items = raw(
-            self.core.list_node(label_selector=f"{RUN_LABEL}={run}", _preload_content=False)
-        )
+        items = self.call("GET", "/api/v1/nodes", query={"labelSelector": f"{RUN_LABEL}={run}"})
         return sum(1 for n in items["items"] if not n["spec"].get("taints"))
 
     def namespace(self, name: str) -> None:
         body = {"metadata": {"name": name, "labels": {RUN_LABEL: name}}}
-        self.core.create_namespace(body)
-        wait(f"{name}/default ServiceAccount", lambda: self._has_sa(name), 60, 0.2)
-
-    def _has_sa(self, ns: str) -> bool:
-        try:
-            self.core.read_namespaced_service_account("default", ns, _preload_content=False)
-        except ApiException as e:
-            if e.status == 404:
-                return False
-            raise
-        return True
+        self.call("POST", "/api/v1/namespaces", body)
+        sa = f"/api/v1/namespaces/{name}/serviceaccounts/default"
+        wait(f"{name}/default ServiceAccount", lambda: self.exists(sa), 60, 0.2)
 
     def create_pod(self, ns: str, body: dict[str, Any]) -> None:
-        """Create a pod (the response is not turned into a model: that costs CPU here)."""
-        drain(self.core.create_namespaced_pod(ns, body, **RAW))
+        self.call("POST", pods_path(ns), body)
+
+    def create_claim(self, ns: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        """Create a ResourceClaim; returns it as the API server stored it (after admission)."""
+        return self.call("POST", claims_path(ns), claim_body(name, spec))
 
     def patch_pod(self, ns: str, name: str, patch: list[dict[str, Any]]) -> None:
-        """Apply a JSON patch to a pod (response not turned into a model)."""
-        drain(self.core.patch_namespaced_pod(name, ns, patch, **RAW))
+        """Apply a JSON patch to a pod."""
+        path = f"{pods_path(ns)}/{name}"
+        self.call("PATCH", path, patch, content_type="application/json-patch+json")
+
+    def read_pod(self, ns: str, name: str) -> dict[str, Any]:
+        return self.call("GET", f"{pods_path(ns)}/{name}")
+
+    def delete_pod(self, ns: str, name: str) -> None:
+        self.call("DELETE", f"{pods_path(ns)}/{name}", query={"gracePeriodSeconds": 0})
+
+    def read_claim(self, ns: str, name: str) -> dict[str, Any]:
+        return self.call("GET", f"{claims_path(ns)}/{name}")
+
+    def delete_claim(self, ns: str, name: str) -> None:
+        self.call("DELETE", f"{claims_path(ns)}/{name}")
 
     def list_pods(self, ns: str) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = raw(
-            self.core.list_namespaced_pod(ns, _preload_content=False)
-        )["items"]
+        items: list[dict[str, Any]] = self.call("GET", pods_path(ns))["items"]
         return items
 
-    def count_claims(self, ns: str) -> int:
-        return len(
-            raw(self.res.list_namespaced_resource_claim(ns, _preload_content=False))["items"]
-        )
+    def list_claims(self, ns: str) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.call("GET", claims_path(ns))["items"]
+        return items
+
+    def pods_resource_version(self, ns: str) -> str:
+        """The resource version of a full list of the namespace's pods (served from the API
+        server's watch cache, so a watch from it starts at once)."""
+        version: str = self.call("GET", pods_path(ns))["metadata"]["resourceVersion"]
+        return version
 
     def cleanup(self, run: str, ns: str | None) -> None:
         """Delete the run's pods and claims (namespace ``ns``), slices and nodes; returns when
         they are gone, so the next measurement starts from an empty scheduler cache."""
         if ns is not None:
-            self.core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
-            self.res.delete_collection_namespaced_resource_claim(ns)
+            self.call("DELETE", pods_path(ns), query={"gracePeriodSeconds": 0})
+            self.call("DELETE", claims_path(ns))
             wait("pods gone", lambda: not self.list_pods(ns), 120, 0.5)
-            wait("claims gone", lambda: self.count_claims(ns) == 0, 120, 0.5)
-            self.core.delete_namespace(ns)
-        sel = f"{RUN_LABEL}={run}"
-        self.res.delete_collection_resource_slice(label_selector=sel)
-        self.core.delete_collection_node(label_selector=sel)
-        wait("slices gone", lambda: not self._slices(sel), 120, 0.5)
+            wait("claims gone", lambda: not self.list_claims(ns), 120, 0.5)
+            self.call("DELETE", f"/api/v1/namespaces/{ns}")
+        sel = {"labelSelector": f"{RUN_LABEL}={run}"}
+        self.call("DELETE", f"{RESOURCE}/resourceslices", query=sel)
+        self.call("DELETE", "/api/v1/nodes", query=sel)
+        wait(
+            "slices gone",
+            lambda: not self.call("GET", f"{RESOURCE}/resourceslices", query=sel)["items"],
+            120,
+            0.5,
+        )
         wait(
             "nodes gone",
-            lambda: (
-                not raw(self.core.list_node(label_selector=sel, _preload_content=False))["items"]
-            ),
+            lambda: not self.call("GET", "/api/v1/nodes", query=sel)["items"],
             120,
             0.5,
         )
 
-    def _slices(self, selector: str) -> list[Any]:
-        items: list[Any] = raw(
-            self.res.list_resource_slice(label_selector=selector, _preload_content=False)
-        )["items"]
-        return items
+
+MAX_WATCH_RESTARTS = 50
+"""Restarts of a :class:`BindWatch` (relist, rewatch) before it gives up."""
 
 
 class BindWatch:
     """Watches a namespace's pods from a resource version; records when each pod first has
-    ``spec.nodeName`` (monotonic seconds) and which pods were ever marked Unschedulable."""
+    ``spec.nodeName`` (monotonic seconds) and which pods were ever marked Unschedulable.
+
+    A watch that ends early or gets an ERROR event (e.g. the API server's "Too large resource
+    version" when its watch cache lags the list it was started from) is restarted from a fresh
+    list, whose bound pods are recorded at that moment (``restarts`` counts them); ``error``
+    holds the last failure."""
 
     def __init__(self, cluster: Cluster, ns: str, resource_version: str) -> None:
         self.bound: dict[str, float] = {}
         self.unschedulable: set[str] = set()
+        self.restarts = 0
+        self.error: str | None = None
+        self._cluster, self._ns = cluster, ns
         self._stop = threading.Event()
-        self._resp = cluster.core.list_namespaced_pod(
-            ns,
-            watch=True,
-            resource_version=resource_version,
-            timeout_seconds=900,
-            _preload_content=False,
-        )
+        self._resp: Any = None
+        try:
+            self._resp = self._open(resource_version)
+        except ApiException as e:
+            self.error = f"watch refused: HTTP {e.status} {e.body}"
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
+    def _open(self, resource_version: str) -> Any:
+        query = {"watch": "true", "resourceVersion": resource_version, "timeoutSeconds": 900}
+        return self._cluster.stream(pods_path(self._ns), query)
+
     def _run(self) -> None:
-        with contextlib.suppress(Exception):  # the stream ends when close() shuts it
-            for line in iter_resp_lines(self._resp):
-                if line.strip():
-                    self._event(json.loads(line)["object"], time.monotonic())
-                if self._stop.is_set():
+        try:
+            while not self._stop.is_set():
+                if self._follow() and self._stop.is_set():
                     return
+                self.restarts += 1
+                if self.restarts > MAX_WATCH_RESTARTS:
+                    return
+                time.sleep(0.2)
+                self._relist()
+        except Exception as e:  # noqa: BLE001 - the stream ends when close() shuts it
+            if not self._stop.is_set():
+                self.error = f"{type(e).__name__}: {e}"
+
+    def _relist(self) -> None:
+        """Record the pods of a fresh list and reopen the watch from its resource version."""
+        listed = self._cluster.call("GET", pods_path(self._ns))
+        now = time.monotonic()
+        for pod in listed["items"]:
+            self._event(pod, now)
+        try:
+            self._resp = self._open(listed["metadata"]["resourceVersion"])
+        except ApiException as e:
+            self.error = f"watch refused: HTTP {e.status} {e.body}"
+            self._resp = None
+
+    def _follow(self) -> bool:
+        """Consume the stream; False after an ERROR event or a refused watch, True when it
+        ends."""
+        if self._resp is None:
+            return False
+        for line in iter_resp_lines(self._resp):
+            if self._stop.is_set():
+                return True
+            if not line.strip():
+                continue
+            event = json.loads(line)
+            if event["type"] == "ERROR":
+                self.error = json.dumps(event["object"].get("message"))
+                return False
+            self._event(event["object"], time.monotonic())
+        return True
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def _event(self, pod: dict[str, Any], now: float) -> None:
         name = pod["metadata"]["name"]
@@ -446,5 +677,7 @@ class BindWatch:
             self.unschedulable.add(name)
 
     def close(self) -> None:
+        """Stop the watch (shut its connection unless it already ended)."""
         self._stop.set()
-        self._resp.shutdown()
+        with contextlib.suppress(RuntimeError, AttributeError):
+            self._resp.shutdown()

@@ -1,12 +1,13 @@
-"""Checks a mode-per-GPU layout (e.g. layouts/modes2.py) against the real kube-scheduler on a
-kubelet-less node with ONE GPU; prints what it saw, exit 1 if a check fails:
+"""Checks a mode-per-GPU layout (default: render-slices, the driver's published model with its
+classes and sizing policy) against the real kube-scheduler on a kubelet-less node with ONE GPU;
+prints what it saw, exit 1 if a check fails:
 
 1. two ``gpu-quarter`` (time-slicing) claims are allocated the same device, as two shares
-   (different shareIDs), each consuming ``eighths: 2``;
+   (different shareIDs);
 2. a ``gpu-quarter-sm-sharing`` claim then stays Pending (PodScheduled=False/Unschedulable);
 3. once the two time-slicing pods and claims are deleted, the sm-sharing pod is bound.
 
-Usage: .venv/bin/python benchmarks/check_modes.py [--layout file:benchmarks/layouts/modes2.py]
+Usage: .venv/bin/python benchmarks/check_modes.py [--layout render-slices|file:PATH]
     [--kubeconfig PATH]
 """
 
@@ -22,8 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
 from bench_packing import place  # noqa: E402
 
-LAYOUT = Path(__file__).resolve().parent / "layouts" / "modes2.py"
-
 
 def check(what: str, ok: bool) -> bool:
     print(f"{'PASS' if ok else 'FAIL'}: {what}", flush=True)
@@ -32,16 +31,17 @@ def check(what: str, ok: bool) -> bool:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--layout", default=f"file:{LAYOUT}")
+    p.add_argument("--layout", default="render-slices")
     p.add_argument("--kubeconfig", default=None)
     p.add_argument("--keep-cluster", action="store_true")
     args = p.parse_args()
     layout = benchlib.load_layout(args.layout, None)
     run = f"cm{int(time.time()) % 100000:05d}"
     results = []
-    with benchlib.local_cluster(args.kubeconfig, args.keep_cluster) as kubeconfig:
+    with benchlib.local_cluster(args.kubeconfig, args.keep_cluster) as (kubeconfig, _):
         cluster = benchlib.Cluster(kubeconfig)
         cluster.put_classes(layout.classes())
+        cluster.put_policies(layout)
         cluster.add_nodes(layout, run, 1, 1)
         cluster.namespace(run)
         try:
@@ -50,9 +50,7 @@ def main() -> int:
             ]
             results.append(check("two time-slicing quarter pods bound", all(ts)))
             allocs = [
-                benchlib.raw(
-                    cluster.res.read_namespaced_resource_claim(n, run, _preload_content=False)
-                )["status"]["allocation"]["devices"]["results"][0]
+                cluster.read_claim(run, n)["status"]["allocation"]["devices"]["results"][0]
                 for n in ("ts1", "ts2")
             ]
             print(json.dumps(allocs))
@@ -62,14 +60,11 @@ def main() -> int:
             sm_bound = place(cluster, run, "sm1", layout.claim_spec("gpu-quarter-sm-sharing"), 20)
             results.append(check("sm-sharing pod stays Pending (Unschedulable)", not sm_bound))
             for n in ("ts1", "ts2"):
-                cluster.core.delete_namespaced_pod(n, run, grace_period_seconds=0)
-                cluster.res.delete_namespaced_resource_claim(n, run)
+                cluster.delete_pod(run, n)
+                cluster.delete_claim(run, n)
 
             def sm_on_node() -> bool:
-                pod = benchlib.raw(
-                    cluster.core.read_namespaced_pod("sm1", run, _preload_content=False)
-                )
-                return bool(pod["spec"].get("nodeName"))
+                return bool(cluster.read_pod(run, "sm1")["spec"].get("nodeName"))
 
             try:
                 benchlib.wait("sm1 bound", sm_on_node, 60, 0.2)
