@@ -66,16 +66,21 @@ def device_class_name(product: str | None, compute_mode: str) -> str:
     return base if compute_mode == DEFAULT_COMPUTE_MODE else f"{base}-{compute_mode}"
 
 
-def selector_expression(driver: str, compute_mode: str, product: str | None) -> str:
+def selector_expression(
+    driver: str, compute_mode: str, product: str | None, extended_resources: bool = False
+) -> str:
     """The CEL expression selecting ``driver``'s devices of ``product`` (None: capacity model)
-    in ``compute_mode``."""
+    in ``compute_mode``. The ``product`` test (the shared device ``*`` or the product's own
+    extended-resource device) is only needed, and only written, with extended resources on:
+    every products device is then shared, and each term costs the scheduler one evaluation
+    per device and pod."""
     attrs = f'device.attributes["{driver}"]'
     model = FractionModel.PRODUCTS if product is not None else FractionModel.CAPACITY
     parts = [
         f'device.driver == "{driver}"',
         f'{attrs}.fractionModel == "{model}"',
     ]
-    if product is not None:
+    if product is not None and extended_resources:
         parts.append(f'({attrs}.product == "{ANY_PRODUCT}" || {attrs}.product == "{product}")')
     parts.append(f'{attrs}.computeMode == "{compute_mode}"')
     return " && ".join(parts)
@@ -108,7 +113,15 @@ def device_class(
     if product is not None:
         labels[f"{driver}/product"] = product
     spec: dict[str, Any] = {
-        "selectors": [{"cel": {"expression": selector_expression(driver, compute_mode, product)}}]
+        "selectors": [
+            {
+                "cel": {
+                    "expression": selector_expression(
+                        driver, compute_mode, product, extended_resources
+                    )
+                }
+            }
+        ]
     }
     if product is not None and extended_resources:
         spec["extendedResourceName"] = extended_resource_name(driver, compute_mode, product)

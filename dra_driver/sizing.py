@@ -8,8 +8,9 @@ into each request of a new ResourceClaim whose class is a product class:
 
 - ``exactly.capacity.requests.slots`` = the product's ``portion * slotsPerGpu`` (replacing
   whatever the user wrote), and
-- a selector keeping the request on the GPU's shared device (``product == "*"``), off the
-  extended-resource devices, which are reserved for claims that take a device's default.
+- with extended resources on, a selector keeping the request on the GPU's shared device
+  (``product == "*"``), off the extended-resource devices, which are reserved for claims that
+  take a device's default (without them the selector would only cost the scheduler time).
 
 Claims the scheduler creates for extended resources (annotation
 ``resource.kubernetes.io/extended-resource-claim``) are left alone: they are allocated before
@@ -48,16 +49,21 @@ def class_slots(config: NodeConfig, compute_modes: Sequence[str] = COMPUTE_MODES
     }
 
 
-def _patches(driver: str, base: str, request: str) -> str:
-    """CEL list of the two JSON patches for the request at JSON pointer ``base`` (a CEL string
-    expression) whose fields are the CEL value ``request``."""
+def _patches(driver: str, base: str, request: str, select: bool) -> str:
+    """CEL list of the JSON patches for the request at JSON pointer ``base`` (a CEL string
+    expression) whose fields are the CEL value ``request``: its capacity request and, with
+    ``select`` (extended-resource devices exist), the selector of the shared device."""
     amount = f"string(variables.slots[{request}.deviceClassName])"
     shared = f'device.attributes["{driver}"].product == "{ANY_PRODUCT}"'
     selector = f'{{"cel": {{"expression": {_cel_string(shared)}}}}}'
+    capacity = (
+        f'JSONPatch{{op: "add", path: {base} + "/capacity", '
+        f'value: {{"requests": {{"slots": {amount}}}}}}}'
+    )
+    if not select:
+        return f"[{capacity}]"
     return (
-        f'[JSONPatch{{op: "add", path: {base} + "/capacity", '
-        f'value: {{"requests": {{"slots": {amount}}}}}}}, '
-        f"has({request}.selectors) ? "
+        f"[{capacity}, has({request}.selectors) ? "
         f'JSONPatch{{op: "add", path: {base} + "/selectors/-", value: {selector}}} : '
         f'JSONPatch{{op: "add", path: {base} + "/selectors", value: [{selector}]}}]'
     )
@@ -67,13 +73,17 @@ def _cel_string(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def patch_expression(driver: str) -> str:
-    """The policy's JSONPatch expression (CEL): patches for every product-class request."""
-    exact = _patches(driver, '"/spec/devices/requests/" + string(i) + "/exactly"', "r.exactly")
+def patch_expression(driver: str, select: bool = False) -> str:
+    """The policy's JSONPatch expression (CEL): patches for every product-class request
+    (``select``: also the shared-device selector, needed with extended resources on)."""
+    exact = _patches(
+        driver, '"/spec/devices/requests/" + string(i) + "/exactly"', "r.exactly", select
+    )
     sub = _patches(
         driver,
         '"/spec/devices/requests/" + string(i) + "/firstAvailable/" + string(j)',
         "s",
+        select,
     )
     return (
         "!has(object.spec.devices) || !has(object.spec.devices.requests) ? [] : "
@@ -124,7 +134,12 @@ def sizing_policy(
             ],
             "variables": [{"name": "slots", "expression": table}],
             "mutations": [
-                {"patchType": "JSONPatch", "jsonPatch": {"expression": patch_expression(driver)}}
+                {
+                    "patchType": "JSONPatch",
+                    "jsonPatch": {
+                        "expression": patch_expression(driver, config.extended_resources)
+                    },
+                }
             ],
         },
     }
