@@ -44,7 +44,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
-from dra_driver.enforcement import detect_enforcement
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
