@@ -216,6 +216,24 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_STATE_DIR,
         help="the plugin's --state-dir, where the checkpoint is (default %(default)s)",
     )
+
+    p = sub.add_parser(
+        "occupancy",
+        help="show each GPU's mode, promised and free memory, its claims, and why pods wait",
+        description="Read-only, from the API server only (ResourceSlices, ResourceClaims, "
+        "Pods, ResourceQuotas, DeviceClasses, Nodes): per node and GPU its compute mode, "
+        "enforcement tier, memory promised to claims and free, the claims and pods holding "
+        "it; then each Pending pod waiting for one of the driver's classes with the likely "
+        "reason. Exit 2 when the API server cannot be read.",
+    )
+    _add_common(p)
+    p.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="default: $KUBECONFIG, else ~/.kube/config, else in-cluster",
+    )
+    p.add_argument("--node", default=None, help="show only this node's GPUs")
+    p.add_argument("-o", "--output", default="table", choices=("table", "json"))
     return parser
 
 
@@ -240,6 +258,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "status":
         return _status(Path(args.state_dir))
+    if args.command == "occupancy":
+        return _occupancy(args.kubeconfig, args.driver, args.node, args.output)
     from kubernetes.config import ConfigException
 
     from dra_driver.mps.enforcer import MpsOptions
@@ -308,4 +328,38 @@ def _status(state_dir: Path) -> int:
     if not current:
         out["note"] = "checkpoint is from an earlier boot; the plugin discards it at start"
     print(json.dumps(out, indent=2))
+    return 0
+
+
+def _occupancy(kubeconfig: str | None, driver: str, node: str | None, output: str) -> int:
+    """``dra-driver occupancy``: print the report; exit 2 when the API cannot be read."""
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config import ConfigException
+    from urllib3.exceptions import HTTPError
+
+    from dra_driver.occupancy import render_json, render_table
+    from dra_driver.occupancyread import api_client, read_cluster
+    from dra_driver.occupancywait import build_report
+
+    try:
+        with api_client(kubeconfig) as api:
+            cluster = read_cluster(api, driver)
+    except ApiException as exc:
+        print(
+            f"error: the API server refused a list call: {exc.status} {exc.reason}; "
+            "occupancy needs list on resourceslices, resourceclaims, resourceclaimtemplates, "
+            "deviceclasses, pods, resourcequotas and nodes",
+            file=sys.stderr,
+        )
+        return 2
+    except (ConfigException, HTTPError, OSError) as exc:
+        message = " ".join(str(exc).split())
+        print(
+            f"error: cannot read the API server: {message}; check the kubeconfig's server "
+            "address and that the API server runs",
+            file=sys.stderr,
+        )
+        return 2
+    report = build_report(cluster, driver, node)
+    print(render_json(report) if output == "json" else render_table(report))
     return 0

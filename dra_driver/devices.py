@@ -63,6 +63,12 @@ class DeviceStatus:
 def product_memory_bytes(gpu: Gpu, portion: Fraction) -> int:
     """Guaranteed memory of a product: ``portion`` x card bytes rounded down to a whole MiB;
     exactly the card for portion 1."""
+    return portion_bytes(gpu.memory_bytes, portion)
+
+
+def portion_bytes(card_bytes: int, portion: Fraction) -> int:
+    """``portion`` of a card of ``card_bytes`` bytes, rounded down to a whole MiB (bytes);
+    exactly ``card_bytes`` for portion 1 (the rule of :func:`product_memory_bytes`)."""
     if portion == 1:
-        return gpu.memory_bytes
-    return math.floor(portion * gpu.memory_bytes / MIB) * MIB
+        return card_bytes
+    return math.floor(portion * card_bytes / MIB) * MIB

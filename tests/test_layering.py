@@ -30,6 +30,8 @@ PURE = {
     "dra_driver.mps.names",
     "dra_driver.mps.rows",
     "dra_driver.mps.targets",
+    "dra_driver.occupancy",
+    "dra_driver.occupancywait",
     "dra_driver.offer",
     "dra_driver.overcommit",
 }

@@ -34,7 +34,9 @@ from tests.support.node import Node, plugin_devices, share_result
 CLI = [sys.executable, "-m", "dra_driver"]
 
 
-@pytest.mark.parametrize("sub", [[], ["kubelet-plugin"], ["render-slices"], ["status"]])
+@pytest.mark.parametrize(
+    "sub", [[], ["kubelet-plugin"], ["render-slices"], ["status"], ["occupancy"]]
+)
 def test_help_everywhere(sub: list[str]) -> None:
     out = subprocess.run([*CLI, *sub, "--help"], capture_output=True, text=True, check=True)
     assert "usage: dra-driver" in out.stdout
@@ -454,3 +456,16 @@ def test_bad_kubeconfig_is_named_with_what_to_do(content: str | None, reason: st
     assert f"kubeconfig {kubeconfig}: " in error and reason in error
     assert "--kubeconfig" in error and "KUBECONFIG" in error
     assert "Traceback" not in out.stderr
+
+
+def test_occupancy_without_an_api_server_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = _kubeconfig(tmp_path / "kubeconfig", f"https://127.0.0.1:{port}")
+    out = subprocess.run(
+        [*CLI, "occupancy", "--kubeconfig", str(config)], capture_output=True, text=True
+    )
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "cannot read the API server" in out.stderr
+    assert out.stdout == ""

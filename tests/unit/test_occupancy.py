@@ -1,0 +1,314 @@
+"""``dra-driver occupancy``'s pure part: API JSON (slices from build_slices, claims as the
+scheduler leaves them) -> per-GPU occupancy and the reasons pending pods wait."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from dra_driver import DEFAULT_DRIVER_NAME as DRIVER
+from dra_driver.config import default_node_config
+from dra_driver.configload import parse_node_config
+from dra_driver.deviceclasses import build_device_classes
+from dra_driver.gpus import MIB, SimulatedGpuSource
+from dra_driver.occupancy import Cluster, render_json, render_table
+from dra_driver.occupancywait import (
+    NO_DEVICE,
+    NO_MEMORY,
+    NO_NODE,
+    OTHER_MODE,
+    QUOTA,
+    UNKNOWN,
+    build_report,
+)
+from dra_driver.offer import offered_devices
+from dra_driver.slices import build_slices
+from tests.support import claimfactory as cf
+from tests.support.node import MIXED_CONFIG, share_result
+
+GPUS = "simulated:H200x2"
+CARD = SimulatedGpuSource(GPUS, seed="node-a").discover().gpus[0].memory_bytes
+QUARTER = CARD // 4 // MIB * MIB
+
+
+def slices(node: str, config: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    inventory = SimulatedGpuSource(GPUS, seed=node).discover()
+    cfg = parse_node_config(config) if config else default_node_config()
+    tiers = {g.uuid: "hard" for g in inventory.gpus}
+    return build_slices(inventory, cfg, DRIVER, node, enforcement=tiers)
+
+
+def node(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}}
+
+
+def request(cls: str, slots: str | None = None, memory: str | None = None) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": cls}
+    if slots or memory:
+        key, value = ("slots", slots) if slots else ("memory", memory)
+        exactly["capacity"] = {"requests": {key: value}}
+    return {"name": "gpu", "exactly": exactly}
+
+
+def allocated(
+    name: str,
+    cls: str,
+    gpu: int,
+    product: str | None,
+    mode: str,
+    pod: str,
+    config: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A claim as the scheduler leaves it: allocated on ``gpu`` of node-a, reserved."""
+    cfg = parse_node_config(config) if config else default_node_config()
+    inventory = SimulatedGpuSource(GPUS, seed="node-a").discover()
+    device = next(
+        d
+        for d in offered_devices(inventory, cfg)
+        if d.gpu.index == gpu and d.compute_mode == mode and d.product is None
+    )
+    result = share_result(device, "node-a", product, memory=None if product else "40Gi")
+    claim = cf.claim([result], name=name, reserved_for=[cf.pod(pod)])
+    slots = result.get("consumedCapacity", {}).get("slots")
+    claim["spec"]["devices"]["requests"] = [request(cls, slots=slots)]
+    return claim
+
+
+def pending_pod(
+    name: str,
+    claims: dict[str, str] | None = None,
+    templates: dict[str, str] | None = None,
+    selector: dict[str, str] | None = None,
+    limits: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    refs = [{"name": k, "resourceClaimName": v} for k, v in (claims or {}).items()]
+    refs += [{"name": k, "resourceClaimTemplateName": v} for k, v in (templates or {}).items()]
+    return {
+        "metadata": {"namespace": "default", "name": name},
+        "spec": {
+            "nodeSelector": selector or {},
+            "containers": [{"name": "c", "resources": {"limits": limits or {}}}],
+            "resourceClaims": refs,
+        },
+        "status": {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/1 nodes are available: cannot allocate all claims.",
+                }
+            ],
+        },
+    }
+
+
+def unallocated(name: str, cls: str, slots: str | None = None) -> dict[str, Any]:
+    claim = cf.claim([], name=name)
+    claim["status"] = {}
+    claim["spec"]["devices"]["requests"] = [request(cls, slots=slots)]
+    return claim
+
+
+def template(name: str, cls: str) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": "default", "name": name},
+        "spec": {"spec": {"devices": {"requests": [request(cls)]}}},
+    }
+
+
+def quota(key: str, used: str, hard: str) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": "default", "name": "gpus"},
+        "status": {"hard": {key: hard}, "used": {key: used}},
+    }
+
+
+def busy_cluster(**extra: Any) -> Cluster:
+    """node-a: GPU 0 with two quarters in time-slicing, GPU 1 with a half in sm-sharing."""
+    claims = [
+        allocated("q1", "gpu-quarter", 0, "quarter", "time-slicing", "p1"),
+        allocated("q2", "gpu-quarter", 0, "quarter", "time-slicing", "p2"),
+        allocated("h1", "gpu-half-sm-sharing", 1, "half", "sm-sharing", "p3"),
+    ]
+    fields: dict[str, Any] = {
+        "slices": slices("node-a"),
+        "claims": claims,
+        "classes": build_device_classes(extended_resources_config()),
+        "nodes": [node("node-a")],
+    }
+    for key, value in extra.items():
+        fields[key] = [*fields.get(key, []), *value]
+    return Cluster(**fields)
+
+
+def extended_resources_config() -> Any:
+    return parse_node_config({**_BASE, "extendedResources": True})
+
+
+_BASE = {"apiVersion": "gpu-fraction.dra.dev/v1alpha1", "kind": "NodeConfig"}
+
+
+def test_gpus_show_mode_tier_promised_and_free() -> None:
+    report = build_report(busy_cluster(), DRIVER)
+    g0, g1 = report.gpus
+    assert (g0.node, g0.index, g0.mode, g0.tier) == ("node-a", 0, "time-slicing", "hard")
+    assert g0.promised_bytes == 2 * QUARTER
+    assert g0.free_bytes == CARD - 2 * QUARTER
+    assert [(h.name, h.pods, h.fraction) for h in g0.holders] == [
+        ("q1", ("p1",), "quarter"),
+        ("q2", ("p2",), "quarter"),
+    ]
+    assert (g1.mode, g1.promised_bytes) == ("sm-sharing", CARD // 2 // MIB * MIB)
+    assert [h.fraction for h in g1.holders] == ["half"]
+
+
+def test_an_idle_gpu_and_a_capacity_claim() -> None:
+    claim = allocated("m", "gpu-memory-sm-sharing", 1, None, "sm-sharing", "p", config=MIXED_CONFIG)
+    cluster = Cluster(slices=slices("node-a", MIXED_CONFIG), claims=[claim])
+    g0, g1 = build_report(cluster, DRIVER).gpus
+    assert (g0.mode, g0.promised_bytes, g0.free_bytes) == ("idle", 0, CARD)
+    assert (g1.mode, g1.promised_bytes) == ("sm-sharing", 40 * 1024**3)
+    assert g1.holders[0].fraction == "40Gi"
+
+
+def test_claims_of_other_drivers_are_not_counted() -> None:
+    claim = allocated("q", "gpu-quarter", 0, "quarter", "time-slicing", "p")
+    claim["status"]["allocation"]["devices"]["results"][0]["driver"] = "other.example.com"
+    gpus = build_report(Cluster(slices=slices("node-a"), claims=[claim]), DRIVER).gpus
+    assert [g.promised_bytes for g in gpus] == [0, 0]
+
+
+def reason_of(cluster: Cluster) -> tuple[str, str]:
+    [pending] = build_report(cluster, DRIVER).pending
+    return pending.reason, pending.detail
+
+
+def test_not_enough_memory() -> None:
+    # gpu-full in time-slicing: GPU 0 has half free, GPU 1 is in sm-sharing.
+    pod = pending_pod("big", claims={"gpu": "big"})
+    cluster = busy_cluster(claims=[unallocated("big", "gpu-full", "8")], pods=[pod])
+    why, detail = reason_of(cluster)
+    assert why == NO_MEMORY
+    assert "needs 139.7Gi" in detail and "69.8Gi" in detail
+
+
+def test_all_gpus_busy_in_the_other_mode() -> None:
+    cluster = busy_cluster(
+        claims=[allocated("t", "gpu-eighth", 1, "eighth", "time-slicing", "p4")],
+        pods=[pending_pod("sm", templates={"gpu": "sm"})],
+        templates=[template("sm", "gpu-eighth-sm-sharing")],
+    )
+    # GPU 1 now carries both modes, which the scheduler never does; replace its sm claim.
+    cluster = Cluster(
+        **{
+            **cluster.__dict__,
+            "claims": [c for c in cluster.claims if c["metadata"]["name"] != "h1"],
+        }
+    )
+    assert reason_of(cluster)[0] == OTHER_MODE
+
+
+def test_quota_exhausted_for_a_claim_not_yet_made() -> None:
+    key = "gpu-quarter.deviceclass.resource.k8s.io/devices"
+    cluster = busy_cluster(
+        pods=[pending_pod("q", templates={"gpu": "quarter"})],
+        templates=[template("quarter", "gpu-quarter")],
+        quotas=[quota(key, "2", "2")],
+    )
+    why, detail = reason_of(cluster)
+    assert why == QUOTA and key in detail
+
+
+def test_a_full_quota_is_not_the_reason_for_a_claim_already_admitted() -> None:
+    key = "gpu-full.deviceclass.resource.k8s.io/devices"
+    cluster = busy_cluster(
+        claims=[unallocated("big", "gpu-full", "8")],
+        pods=[pending_pod("big", claims={"gpu": "big"})],
+        quotas=[quota(key, "1", "1")],
+    )
+    assert reason_of(cluster)[0] == NO_MEMORY
+
+
+def test_quota_exhausted_for_an_extended_resource() -> None:
+    resource = f"{DRIVER}/quarter"
+    cluster = busy_cluster(
+        pods=[pending_pod("er", limits={resource: "1"})],
+        quotas=[quota(f"requests.{resource}", "4", "4")],
+    )
+    assert reason_of(cluster)[0] == QUOTA
+    assert build_report(cluster, DRIVER).pending[0].classes == ("gpu-quarter",)
+
+
+def test_no_node_matches_the_selector() -> None:
+    pod = pending_pod("far", templates={"gpu": "q"}, selector={"zone": "moon"})
+    cluster = busy_cluster(pods=[pod], templates=[template("q", "gpu-quarter")])
+    why, detail = reason_of(cluster)
+    assert why == NO_NODE and "moon" in detail
+
+
+def test_no_gpu_offers_the_class() -> None:
+    pod = pending_pod("mem", templates={"gpu": "m"})
+    cluster = busy_cluster(pods=[pod], templates=[template("m", "gpu-memory")])
+    assert reason_of(cluster)[0] == NO_DEVICE
+
+
+def test_a_request_that_fits_leaves_the_schedulers_message() -> None:
+    pod = pending_pod("fits", templates={"gpu": "e"})
+    cluster = busy_cluster(pods=[pod], templates=[template("e", "gpu-eighth")])
+    assert reason_of(cluster) == (UNKNOWN, "0/1 nodes are available: cannot allocate all claims.")
+
+
+@pytest.mark.parametrize("change", ["bound", "scheduled", "other class"])
+def test_pods_not_waiting_for_our_classes_are_left_out(change: str) -> None:
+    pod = pending_pod("p", templates={"gpu": "t"})
+    if change == "bound":
+        pod["spec"]["nodeName"] = "node-a"
+    elif change == "scheduled":
+        pod["status"]["conditions"][0]["status"] = "True"
+    cls = "gpu.example.com" if change == "other class" else "gpu-quarter"
+    cluster = busy_cluster(pods=[pod], templates=[template("t", cls)])
+    assert build_report(cluster, DRIVER).pending == []
+
+
+def test_node_filter() -> None:
+    cluster = busy_cluster(slices=slices("node-b"), nodes=[node("node-b")])
+    pod = pending_pod("b", templates={"gpu": "t"}, selector={"kubernetes.io/hostname": "node-b"})
+    cluster = Cluster(**{**cluster.__dict__, "pods": [pod], "templates": [template("t", "gpu-x")]})
+    report = build_report(cluster, DRIVER, node="node-b")
+    assert {g.node for g in report.gpus} == {"node-b"}
+    assert all(g.mode == "idle" for g in report.gpus)
+
+
+def test_table_and_json_output() -> None:
+    pod = pending_pod("big", claims={"gpu": "big"})
+    report = build_report(
+        busy_cluster(claims=[unallocated("big", "gpu-full", "8")], pods=[pod]), DRIVER
+    )
+    text = render_table(report)
+    lines = text.splitlines()
+    assert lines[0].split() == ["NODE", "GPU", "NAME", "MODE", "TIER", "MEMORY", "PROMISED", "FREE"]
+    assert lines[1].split() == [
+        "node-a",
+        "0",
+        "NVIDIA",
+        "H200",
+        "time-slicing",
+        "hard",
+        "139.7Gi",
+        "69.8Gi",
+        "69.8Gi",
+    ]
+    # Columns align: every GPU row's MODE starts where its header does.
+    assert lines[2].index("sm-sharing") == lines[0].index("MODE")
+    assert "default/q1" in text and "p1" in text
+    assert f"default/big  gpu-full  {NO_MEMORY}:" in text
+    doc = json.loads(render_json(report))
+    assert list(doc) == ["gpus", "pending"]
+    assert doc["gpus"][0]["promisedBytes"] == 2 * QUARTER
+    assert doc["gpus"][0]["claims"][0]["fraction"] == "quarter"
+    assert doc["pending"][0]["reason"] == NO_MEMORY
+    assert render_json(report) == render_json(report)
