@@ -212,6 +212,7 @@ def installed(admin: Any, test_ns: str) -> Iterator[list[dict[str, Any]]]:
     """Create every plain manifest; wait until both policies enforce; delete what we made."""
     objects = install_objects()
     created: list[dict[str, Any]] = []
+    replaced: list[dict[str, Any]] = []
     try:
         for obj in objects:
             try:
@@ -223,7 +224,12 @@ def installed(admin: Any, test_ns: str) -> Iterator[list[dict[str, Any]]]:
                         f"creating {obj['kind']}/{obj['metadata']['name']} failed: "
                         f"{exc.status} {status_message(exc)}"
                     )
-                # Left by another module or an earlier run: bring it to our version.
+                # Installed by the session's chart (the same names): keep its version to put
+                # back, then bring the object to ours.
+                current = resource(admin, obj).get(
+                    name=obj["metadata"]["name"], **where(admin, obj, None)
+                )
+                replaced.append(current.to_dict())
                 resource(admin, obj).server_side_apply(
                     body=obj,
                     field_manager="e2e-install",
@@ -235,6 +241,32 @@ def installed(admin: Any, test_ns: str) -> Iterator[list[dict[str, Any]]]:
     finally:
         for obj in reversed(created):
             delete(admin, obj)
+        # Other modules rely on the chart's version (its DeviceClasses and sizing policy
+        # depend on its values, e.g. extended resources): put it back as it was.
+        for old in replaced:
+            delete(admin, old)
+            meta = {
+                k: old["metadata"][k]
+                for k in ("name", "labels", "annotations")
+                if k in old["metadata"]
+            }
+            if "namespace" in old["metadata"]:
+                meta["namespace"] = old["metadata"]["namespace"]
+            body = {k: v for k, v in old.items() if k not in ("metadata", "status")}
+            _recreate(admin, {**body, "metadata": meta})
+
+
+def _recreate(admin: Any, obj: dict[str, Any]) -> None:
+    """Create ``obj`` once its deleted predecessor is gone (409 until then)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            create(admin, obj)
+            return
+        except ApiException as exc:
+            if exc.status != 409 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.25)
 
 
 def _wait_params_policy(admin: Any, namespace: str) -> None:
