@@ -233,7 +233,13 @@ def _parser() -> argparse.ArgumentParser:
         help="default: $KUBECONFIG, else ~/.kube/config, else in-cluster",
     )
     p.add_argument("--node", default=None, help="show only this node's GPUs")
-    p.add_argument("-o", "--output", default="table", choices=("table", "json"))
+    p.add_argument(
+        "-o",
+        "--output",
+        default="table",
+        choices=("table", "json"),
+        help="table (aligned columns) or json (stable keys, exact bytes) (default table)",
+    )
     return parser
 
 
