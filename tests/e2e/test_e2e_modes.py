@@ -268,6 +268,23 @@ def test_extended_resource_pod_gets_a_quarter_on_a_real_node(e2e: E2E) -> None:
     card = 143_131 * 2**20  # simulated H200: 143131 MiB
     assert view.env["NVIDIA_GPU_MEMORY_LIMIT"] == str(card // 4 // 2**20)
     assert node.cdi_spec_path(claim["metadata"]["uid"]).exists()
+    _release(e2e, "er", claim_name)
+
+
+def _release(e2e: E2E, pod: str, claim_name: str) -> None:
+    """Delete the pod and wait until the scheduler-made claim is gone too: its extended-
+    resource device holds the GPU's counter, so a later test pinned to that GPU would wait."""
+    e2e.delete_pod(pod)
+    e2e.wait_gone(pod)
+
+    def gone() -> bool:
+        try:
+            e2e.res.read_namespaced_resource_claim(claim_name, e2e.namespace)
+        except ApiException as exc:
+            return exc.status == 404
+        return False
+
+    wait_for(f"claim {claim_name} deleted", gone, timeout=60)
 
 
 def test_extended_resource_quota(e2e: E2E) -> None:
@@ -296,6 +313,9 @@ def test_extended_resource_quota(e2e: E2E) -> None:
     with pytest.raises(ApiException) as refused:
         e2e.create_pod("er2", spec)
     assert refused.value.status == 403 and "exceeded quota" in str(refused.value.body)
+    e2e.wait_running("er1", timeout=90)
+    status = e2e.read_pod("er1")["status"]["extendedResourceClaimStatus"]
+    _release(e2e, "er1", status["resourceClaimName"])
 
 
 def test_template_claim_on_a_real_node_is_sized_by_its_class(e2e: E2E) -> None:
