@@ -45,6 +45,7 @@ from dra_driver.config import (
     warn_unmatched_selectors,
 )
 from dra_driver.configload import load_node_config
+from dra_driver.deviceclasses import label_value
 from dra_driver.devices import FractionDevice
 from dra_driver.errors import UsageError
 from dra_driver.gpus.model import Inventory
@@ -200,11 +201,6 @@ def slice_name(node: str, driver: str, n: int) -> str:
     return base + suffix
 
 
-def _label_value(text: str) -> str:
-    value = re.sub(r"[^A-Za-z0-9_.-]", "-", text)[:63]
-    return value.strip("-_.") or "dra-driver"
-
-
 def _check_names(node: str, driver: str) -> None:
     if len(node) > MAX_SLICE_NAME_LENGTH or not _DNS_SUBDOMAIN.match(node):
         raise UsageError(f"node name {node!r} is not a DNS subdomain (lower case, <= 253 chars)")
@@ -291,7 +287,7 @@ def build_slices(
         current.extend(bodies)
     if current:
         groups.append(("devices", current))
-    labels = {MANAGED_BY_LABEL: _label_value(driver)}
+    labels = {MANAGED_BY_LABEL: label_value(driver)}
     slices: list[dict[str, Any]] = []
     for n, (key, items) in enumerate(groups):
         metadata: dict[str, Any] = {"name": slice_name(node, driver, n), "labels": dict(labels)}
