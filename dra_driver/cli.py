@@ -185,6 +185,13 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds between slice syncs (default %(default)g)",
     )
     p.add_argument(
+        "--claim-device-status",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="after Prepare, write each claim's status.devices (GPU, memory, compute mode, "
+        "enforcement; needs the RBAC of the chart's rbac.claimDeviceStatus; default on)",
+    )
+    p.add_argument(
         "--call-budget",
         type=_call_budget,
         default=DEFAULT_CALL_BUDGET_S,
@@ -289,6 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics_bind_address=args.metrics_bind_address,
         publish_interval=args.publish_interval,
         call_budget=args.call_budget,
+        claim_device_status=args.claim_device_status,
         host_root=args.host_root,
         simulation_root=args.simulation_root,
         simulated_cdi_hook=args.simulated_cdi_hook,

@@ -16,6 +16,9 @@ class Metrics:
             calls of the publisher that failed (every retried attempt counts); ``operation`` is
             ``list``, ``create``, ``update`` or ``delete``, ``reason`` the HTTP status
             (``409``, ``503``...), ``connection`` (no response) or ``other``.
+        ``dra_gpu_fraction_claim_status_writes_total{result}``: claims whose device status
+            the plugin handled after Prepare, by result (``written``, ``unchanged``,
+            ``skipped``: claim gone, re-created or not allocated on this node, ``failed``).
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -37,6 +40,13 @@ class Metrics:
             "ResourceSlice API calls that failed, by operation (list, create, update, delete)"
             " and reason (HTTP status, connection, other)",
             ["operation", "reason"],
+            registry=self.registry,
+        )
+        self.claim_status_writes = Counter(
+            "dra_gpu_fraction_claim_status_writes",
+            "Claims whose status.devices the plugin handled, by result (written, unchanged,"
+            " skipped, failed)",
+            ["result"],
             registry=self.registry,
         )
         self.duration = Histogram(

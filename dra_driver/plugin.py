@@ -26,6 +26,7 @@ from dra_driver.budget import DEFAULT_CALL_BUDGET_S, HEALTH_CHECK_BUDGET_S, Budg
 from dra_driver.checkpoint import read_boot_id
 from dra_driver.claimreads import CLAIM_READERS
 from dra_driver.claims import ApiClaimReader
+from dra_driver.claimstatuswriter import ClaimStatusWriter
 from dra_driver.config import NodeConfig, warn_unmatched_selectors
 from dra_driver.configload import load_node_config
 from dra_driver.devicehealth import device_health
@@ -68,6 +69,7 @@ class PluginOptions:
     publish_interval: float = 30.0
     health_interval: float = 20.0
     call_budget: float = DEFAULT_CALL_BUDGET_S
+    claim_device_status: bool = True
     mps: MpsOptions = field(default_factory=MpsOptions)
     host_root: str = "/"
     simulation_root: str = ""
@@ -314,6 +316,18 @@ class Startup:
         enforcer, usage = make_enforcer(opts, report)
         api = api_client(opts.kubeconfig)
         metrics = Metrics()
+        on_prepared = None
+        if opts.claim_device_status:
+            writer = ClaimStatusWriter.of(
+                api,
+                opts.driver_name,
+                opts.node_name,
+                report,
+                metrics,
+                opts.mps.default_active_thread_percentage,
+            )
+            self._thread("claim-status", writer.run, self.stop)
+            on_prepared = writer.submit
         driver = ClaimPreparation(
             driver_name=opts.driver_name,
             pool=opts.node_name,
@@ -328,6 +342,7 @@ class Startup:
             device_root=device_root,
             call_budget=opts.call_budget,
             device_root_view=device_root_view,
+            on_prepared=on_prepared,
         )
         self._stack.callback(driver.close)
         driver.start()

@@ -96,6 +96,9 @@ class ClaimPreparation:
             restored by then stay pending and the enforcer's health checks retry them.
         device_root_view: where the plugin sees ``device_root`` to check that the nodes exist
             (:mod:`dra_driver.devicenodes`); default ``device_root`` itself.
+        on_prepared: called with the plan of each claim once it is prepared and recorded, and
+            of each recorded claim at :meth:`start` (the claim status writer's ``submit``);
+            it must return at once.
     """
 
     def __init__(
@@ -115,6 +118,7 @@ class ClaimPreparation:
         call_budget: float = DEFAULT_CALL_BUDGET_S,
         startup_budget: float = STARTUP_BUDGET_S,
         device_root_view: str | Path | None = None,
+        on_prepared: Callable[[ClaimPlan], None] | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.pool = pool
@@ -131,6 +135,7 @@ class ClaimPreparation:
         self.startup_budget = startup_budget
         self._reads = ClaimReads(lambda: self.reader)
         self.pod_claims = PodClaims()
+        self.on_prepared = on_prepared or (lambda plan: None)
 
     def start(self) -> None:
         """Load the checkpoint and reconcile records, enforcement and CDI specs both ways:
@@ -163,6 +168,8 @@ class ClaimPreparation:
                 self.enforcer.restore(self.prepared_plans())
                 self._sweep()
                 self._rewrite_missing_specs()
+            for plan in self.prepared_plans():
+                self.on_prepared(plan)
 
     def _sweep(self) -> None:
         known = set(self.checkpoint.claims)
@@ -265,6 +272,9 @@ class ClaimPreparation:
                         outcomes[uid] = PrepareOutcome(
                             error=f"checkpoint write to {self.checkpoint.path} failed: {exc}"
                         )
+                else:
+                    for uid in fresh:
+                        self.on_prepared(self.checkpoint.claims[uid].plan)
         return outcomes
 
     def _claim_outcome(self, ref: ClaimRef, step: Callable[[], PrepareOutcome]) -> PrepareOutcome:

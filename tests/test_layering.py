@@ -14,6 +14,7 @@ PURE = {
     "dra_driver.apijson",
     "dra_driver.cdi",
     "dra_driver.claimplan",
+    "dra_driver.claimstatus",
     "dra_driver.config",
     "dra_driver.devicehealth",
     "dra_driver.devices",

@@ -456,6 +456,9 @@ def test_daemonset_arguments_parse_with_the_cli() -> None:
     assert (args.log_level, args.log_format) == ("info", "json")
     assert args.sm_sharing_compute_mode == "EXCLUSIVE_PROCESS"
     assert args.time_slicing_compute_mode == "EXCLUSIVE_PROCESS"
+    assert args.claim_device_status is True
+    off = plugin_container(rendered_objects("--set", "rbac.claimDeviceStatus=false"))["args"]
+    assert _parser().parse_args(["kubelet-plugin", *off]).claim_device_status is False
     # Every path the plugin uses is a mounted volume.
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
     volumes = {v["name"]: v for v in one(objs, "DaemonSet")["spec"]["template"]["spec"]["volumes"]}
@@ -567,13 +570,16 @@ def test_cluster_role_is_least_privilege() -> None:
     }
     expected |= {("resource.k8s.io", "resourceclaims", "get", ()), ("", "nodes", "get", ())}
     # No events: the plugin creates none (the kubelet reports prepare failures on the pod).
-    assert rules(rendered_objects()) == expected
-    with_status = rules(rendered_objects("--set", "rbac.claimDeviceStatus=true"))
-    assert with_status - expected == {
-        ("resource.k8s.io", "resourceclaims/status", v, ()) for v in ("get", "patch", "update")
-    } | {
-        ("resource.k8s.io", "resourceclaims/driver", f"associated-node:{v}", (DEFAULT_DRIVER_NAME,))
-        for v in ("update", "patch")
+    assert rules(rendered_objects("--set", "rbac.claimDeviceStatus=false")) == expected
+    # Default: claim device status, written by server-side apply (patch) on the own node only.
+    assert rules(rendered_objects()) - expected == {
+        ("resource.k8s.io", "resourceclaims/status", "patch", ()),
+        (
+            "resource.k8s.io",
+            "resourceclaims/driver",
+            "associated-node:patch",
+            (DEFAULT_DRIVER_NAME,),
+        ),
     }
     binding = one(rendered_objects(), "ClusterRoleBinding")
     assert binding["subjects"] == [

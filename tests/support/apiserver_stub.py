@@ -69,7 +69,7 @@ class ApiStub:
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                     self.wfile.write(data)
 
-            do_GET = do_POST = do_PUT = do_DELETE = _serve  # noqa: N815
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve  # noqa: N815
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -150,3 +150,45 @@ class ClaimServer(ApiStub):
     def add_body(self, namespace: str, name: str, body: Any) -> None:
         """Serve ``body`` (any JSON value, even ``null``) as the claim ``namespace/name``."""
         self.claims[(namespace, name)] = body
+
+
+_STATUS_PATH = re.compile(
+    r"^/apis/resource\.k8s\.io/v1/namespaces/([^/]+)/resourceclaims/([^/?]+)/status\?(.*)$"
+)
+
+
+def _entry_key(entry: dict[str, Any]) -> tuple[str, str, str, str]:
+    return (entry["driver"], entry["pool"], entry["device"], entry.get("shareID") or "")
+
+
+class ClaimStatusServer(ClaimServer):
+    """A :class:`ClaimServer` that also takes server-side applies of ``status.devices``
+    (``PATCH .../resourceclaims/<name>/status``): the body's entries replace the stored ones
+    with the same driver, pool, device and share ID, as the API's list map does, and a body
+    whose ``metadata.uid`` differs from the stored claim's is refused with 409, as the API
+    server refuses it. ``patches`` records ``(namespace, name, query, body)`` of each PATCH;
+    ``patch_failures`` lists HTTP statuses to answer the next PATCHes with, one each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patches: list[tuple[str, str, str, dict[str, Any]]] = []
+        self.patch_failures: list[int] = []
+
+    def handle(self, method: str, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        m = _STATUS_PATH.match(path)
+        if method != "PATCH" or not m:
+            return super().handle(method, path, body)
+        namespace, name, query = m.groups()
+        self.patches.append((namespace, name, query, body))
+        if self.patch_failures:
+            raise StubError(self.patch_failures.pop(0), "Injected")
+        stored = self.claims.get((namespace, name))
+        if stored is None:
+            raise StubError(404, "NotFound")
+        if body["metadata"].get("uid") != stored["metadata"]["uid"]:
+            raise StubError(409, "Conflict")
+        status = stored.setdefault("status", {})
+        merged = {_entry_key(e): e for e in status.get("devices") or []}
+        merged.update({_entry_key(e): e for e in body["status"]["devices"]})
+        status["devices"] = list(merged.values())
+        return 200, stored

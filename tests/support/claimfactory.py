@@ -71,3 +71,14 @@ def claim(
         "spec": {"devices": {"requests": []}},
         "status": status,
     }
+
+
+def on_node(claim: dict[str, Any], node: str) -> dict[str, Any]:
+    """``claim`` with the allocation's node selector the scheduler writes for devices of a
+    node-local slice (one term, ``metadata.name In [node]``)."""
+    claim["status"]["allocation"]["nodeSelector"] = {
+        "nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+        ]
+    }
+    return claim

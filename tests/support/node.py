@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.budget import STARTUP_BUDGET_S
+from dra_driver.claimplan import ClaimPlan
 from dra_driver.claims import ApiClaimReader
 from dra_driver.config import DEFAULT_PRODUCTS, NodeConfig, default_node_config
 from dra_driver.devicehealth import device_health
@@ -63,6 +64,7 @@ class Node(NodeDirs):
         boot_id: str = "boot-1",
         enforcer: FractionEnforcer | None = None,
         startup_budget: float = STARTUP_BUDGET_S,
+        on_prepared: Callable[[ClaimPlan], None] | None = None,
     ) -> ClaimPreparation:
         """A started ClaimPreparation for this node (its own enforcer unless one is given)."""
         d = ClaimPreparation(
@@ -77,6 +79,7 @@ class Node(NodeDirs):
             boot_id=boot_id,
             device_root=self.device_root,
             startup_budget=startup_budget,
+            on_prepared=on_prepared,
         )
         d.start()
         return d

@@ -1,0 +1,261 @@
+"""Writing prepared claims' ``status.devices`` (see :mod:`dra_driver.claimstatus`) in the
+background, so Prepare never waits on it.
+
+For each submitted claim the writer reads the claim, checks it is still the claim prepared
+(same UID) and allocated on this node (the plugin never writes another node's claim; the API
+server would refuse it too, with ``associated-node`` authorization), skips the write when the
+entries are already there (so a plugin restart re-submitting its prepared claims costs one read
+each), and otherwise applies them (server-side apply on ``status``, :data:`FIELD_MANAGER`).
+
+Permissions (Kubernetes >= 1.36 granular status authorization): ``patch`` on
+``resourceclaims/status`` and ``associated-node:patch`` on ``resourceclaims/driver`` with
+``resourceNames: [<driver>]``; the chart grants both (``rbac.claimDeviceStatus``). A refused
+write is logged with that hint and counted; Prepare is never failed by it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import structlog
+from kubernetes.client import ApiClient, ResourceV1Api
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
+
+from dra_driver.claimplan import ClaimPlan
+from dra_driver.claimstatus import (
+    FIELD_MANAGER,
+    Enforcement,
+    allocated_node,
+    already_written,
+    status_apply_body,
+)
+from dra_driver.metrics import Metrics
+from dra_driver.tiers import EnforcementReport
+from dra_driver.vocabulary import Tier
+
+log = structlog.get_logger(__name__)
+
+APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
+"""Server-side apply (a JSON body is valid YAML)."""
+RBAC_HINT = (
+    "grant the plugin's service account patch on resourceclaims/status and "
+    "associated-node:patch on resourceclaims/driver for this driver (Helm value "
+    "rbac.claimDeviceStatus=true)"
+)
+
+
+class ClaimStatusApi(Protocol):
+    """Reads a claim and applies its status (API JSON)."""
+
+    def read(self, namespace: str, name: str, timeout: float) -> Mapping[str, Any]:
+        """The claim as API JSON.
+
+        Raises:
+            ApiException: the API server refused or has no such claim.
+            urllib3.exceptions.HTTPError: no answer within ``timeout`` seconds.
+        """
+        ...
+
+    def apply(self, namespace: str, name: str, body: Mapping[str, Any], timeout: float) -> None:
+        """Server-side apply of ``body`` on the claim's ``status`` subresource.
+
+        Raises:
+            ApiException, urllib3.exceptions.HTTPError: as :meth:`read`.
+        """
+        ...
+
+
+class ApiClaimStatus:
+    """:class:`ClaimStatusApi` over the official client, one try per call (its own copy of
+    the configuration with urllib3 retries off; the writer retries itself)."""
+
+    def __init__(self, api_client: ApiClient) -> None:
+        config = copy.deepcopy(api_client.configuration)
+        config.retries = False
+        config.client_go_retries = False
+        self._api = ResourceV1Api(ApiClient(config))
+
+    def read(self, namespace: str, name: str, timeout: float) -> Mapping[str, Any]:
+        resp: Any = self._api.read_namespaced_resource_claim(
+            name, namespace, _preload_content=False, _request_timeout=timeout
+        )
+        doc: Mapping[str, Any] = json.loads(resp.data)
+        return doc
+
+    def apply(self, namespace: str, name: str, body: Mapping[str, Any], timeout: float) -> None:
+        self._api.patch_namespaced_resource_claim_status(
+            name,
+            namespace,
+            dict(body),
+            field_manager=FIELD_MANAGER,
+            force=True,
+            _content_type=APPLY_CONTENT_TYPE,
+            _preload_content=False,
+            _request_timeout=timeout,
+        )
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _retryable(exc: Exception) -> bool:
+    """Transport errors, 429 and 5xx are worth another try; other refusals are not."""
+    if isinstance(exc, ApiException):
+        return exc.status == 429 or (exc.status or 0) >= 500
+    return True
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, ApiException):
+        text = f"HTTP {exc.status} {exc.reason}"
+        return f"{text}; {RBAC_HINT}" if exc.status == 403 else text
+    return f"{type(exc).__name__}: {exc}"
+
+
+class ClaimStatusWriter:
+    """Background writer of prepared claims' device status (one thread: :meth:`run`).
+
+    Args:
+        api: claim reads and status applies.
+        driver: our driver name.
+        node: this node's name; only claims allocated on it are written.
+        enforcement: GPU UUID -> its tier and reasons (from tier detection).
+        metrics: counts results in ``dra_gpu_fraction_claim_status_writes_total``.
+        timeout: seconds per API call.
+        attempts: tries per claim for retryable failures (transport, 429, 5xx).
+        backoff: seconds before the second try, doubled for each further one.
+        now: RFC 3339 time of the condition (tests pass a fixed clock).
+        default_percentage: active thread percentage of sm-sharing claims that set none
+            (``--default-active-thread-percentage``).
+    """
+
+    def __init__(
+        self,
+        api: ClaimStatusApi,
+        driver: str,
+        node: str,
+        enforcement: Mapping[str, Enforcement],
+        metrics: Metrics,
+        *,
+        timeout: float = 5.0,
+        attempts: int = 3,
+        backoff: float = 1.0,
+        now: Callable[[], str] = _now,
+        default_percentage: int = 100,
+    ) -> None:
+        self.api = api
+        self.driver = driver
+        self.node = node
+        self.enforcement = dict(enforcement)
+        self.metrics = metrics
+        self.timeout = timeout
+        self.attempts = attempts
+        self.backoff = backoff
+        self.now = now
+        self.default_percentage = default_percentage
+        self._queue: queue.Queue[ClaimPlan] = queue.Queue()
+
+    @classmethod
+    def of(
+        cls,
+        api_client: ApiClient,
+        driver: str,
+        node: str,
+        report: EnforcementReport,
+        metrics: Metrics,
+        default_percentage: int,
+    ) -> ClaimStatusWriter:
+        """The plugin's writer: the API through ``api_client``, each GPU's enforcement from
+        tier detection's ``report``."""
+        enforcement = {
+            uuid: Enforcement(Tier(d.tier), d.reasons) for uuid, d in report.decisions.items()
+        }
+        api = ApiClaimStatus(api_client)
+        return cls(api, driver, node, enforcement, metrics, default_percentage=default_percentage)
+
+    def submit(self, plan: ClaimPlan) -> None:
+        """Queue ``plan``'s claim for a status write (returns at once)."""
+        self._queue.put(plan)
+
+    def run(self, stop: threading.Event) -> None:
+        """Write queued claims one by one until ``stop`` is set (thread target)."""
+        while not stop.is_set():
+            try:
+                plan = self._queue.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            self.write(plan, stop)
+
+    def write(self, plan: ClaimPlan, stop: threading.Event | None = None) -> str:
+        """Write one claim's device status now; returns the result counted: ``written``,
+        ``unchanged``, ``skipped`` or ``failed`` (each logged). Never raises for API errors."""
+        claim = plan.claim
+        bound = log.bind(claim_uid=claim.uid, namespace=claim.namespace, name=claim.name)
+        error: Exception | None = None
+        for attempt in range(self.attempts):
+            pause = self.backoff * 2 ** (attempt - 1)
+            if attempt and (stop or threading.Event()).wait(pause):
+                break
+            try:
+                result = self._write_once(plan, bound)
+            except (ApiException, HTTPError, OSError) as exc:
+                error = exc
+                if not _retryable(exc):
+                    break
+                continue
+            self.metrics.claim_status_writes.labels(result=result).inc()
+            return result
+        bound.warning(
+            "claim device status not written",
+            error=_describe(error) if error else "stopped",
+            attempts=self.attempts,
+        )
+        self.metrics.claim_status_writes.labels(result="failed").inc()
+        return "failed"
+
+    def _write_once(self, plan: ClaimPlan, bound: Any) -> str:
+        ref = plan.claim
+        try:
+            claim = self.api.read(ref.namespace, ref.name, self.timeout)
+        except ApiException as exc:
+            if exc.status == 404:
+                bound.info("claim gone before its device status was written")
+                return "skipped"
+            raise
+        uid = (claim.get("metadata") or {}).get("uid")
+        node = allocated_node(claim)
+        if uid != ref.uid or node != self.node:
+            bound.info(
+                "claim device status not written: not the claim prepared on this node",
+                claim_uid_now=uid,
+                allocated_node=node,
+            )
+            return "skipped"
+        body = status_apply_body(
+            plan, self.driver, self.enforcement, self.now(), self.default_percentage
+        )
+        if already_written(claim, body):
+            return "unchanged"
+        started = time.perf_counter()
+        try:
+            self.api.apply(ref.namespace, ref.name, body, self.timeout)
+        except ApiException as exc:
+            if exc.status in (404, 409):  # deleted, or re-created under the same name
+                bound.info("claim changed before its device status was written", status=exc.status)
+                return "skipped"
+            raise
+        bound.info(
+            "claim device status written",
+            devices=[d.device for d in plan.devices],
+            seconds=round(time.perf_counter() - started, 3),
+        )
+        return "written"

@@ -1,0 +1,166 @@
+"""End to end, claim device status: after the real kubelet's Prepare, the chart-installed
+plugin writes each claim's ``status.devices`` (what ``kubectl get resourceclaim -o yaml``
+shows), and the real API server lets a plugin write only claims allocated on its own node
+(granular status authorization, ``resourceclaims/driver`` with ``associated-node`` verbs)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+pytest.register_assert_rewrite("plugin_fixtures")
+from plugin_fixtures import (  # noqa: E402
+    DRIVER,
+    E2E,
+    RELEASE_NAMESPACE,
+    SM_SHARING_PRODUCT_GPUS,
+    check_prepared,
+    wait_for,
+)
+
+from dra_driver.claimstatus import CONDITION_TYPE, FIELD_MANAGER  # noqa: E402
+from tests.support.k8sschema import validate  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+pytest_plugins = ["plugin_fixtures"]
+
+ON_GPU = 'device.attributes["gpu-fraction.dra.dev"].index == {}'
+
+
+def our_entries(claim: dict[str, Any]) -> list[dict[str, Any]]:
+    return [e for e in (claim.get("status") or {}).get("devices") or [] if e["driver"] == DRIVER]
+
+
+def written(e2e: E2E, pod: str) -> dict[str, Any]:
+    """The pod's claim once the plugin has written its device status."""
+    return wait_for(
+        f"the device status of {pod}'s claim",
+        lambda: (lambda c: c if our_entries(c) else None)(e2e.claim_of(pod)),
+        timeout=30,
+    )
+
+
+def slice_device(e2e: E2E, node: str, name: str) -> dict[str, Any]:
+    return next(
+        d for s in e2e.slices(node) for d in s["spec"].get("devices") or [] if d["name"] == name
+    )
+
+
+def start(e2e: E2E, name: str, device_class: str, gpu: int, node: int = 0) -> dict[str, Any]:
+    e2e.template(name, device_class, selectors=[ON_GPU.format(gpu)])
+    e2e.pod(name, e2e.nodes[node], templates={"gpu": name})
+    e2e.wait_running(name)
+    check_prepared(e2e, name)
+    return written(e2e, name)
+
+
+def test_prepared_claim_reports_gpu_memory_mode_and_enforcement(e2e: E2E) -> None:
+    claim = start(e2e, "q", "gpu-quarter", gpu=1)
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    (entry,) = our_entries(claim)
+    assert (entry["pool"], entry["device"], entry.get("shareID")) == (
+        result["pool"],
+        result["device"],
+        result.get("shareID"),
+    )
+    attrs = {
+        k: next(iter(v.values()))
+        for k, v in slice_device(e2e, result["pool"], result["device"])["attributes"].items()
+    }
+    data = entry["data"]
+    assert data["gpu"] == {
+        "uuid": attrs["uuid"],
+        "index": 1,
+        "productName": attrs["productName"],
+    }
+    assert data["computeMode"] == "time-slicing" and "activeThreadPercentage" not in data
+    assert data["enforcement"] == attrs["memoryEnforcement"]
+    quarter = attrs["gpuMemory"] // 4
+    assert abs(data["memory"]["limitBytes"] - quarter) < 2**20 * 2
+    assert data["memory"]["requestBytes"] <= data["memory"]["limitBytes"]
+    (cond,) = entry["conditions"]
+    assert cond["type"] == CONDITION_TYPE
+    assert cond["status"] == ("True" if data["enforcement"] == "hard" else "False")
+    assert data["memory"]["limit"] in cond["message"]
+    validate(claim)
+    # Written by the plugin (its field manager) through the status subresource.
+    managers = {(m["manager"], m.get("subresource")) for m in claim["metadata"]["managedFields"]}
+    assert (FIELD_MANAGER, "status") in managers
+
+
+def test_sm_sharing_claim_reports_its_active_thread_percentage(e2e: E2E) -> None:
+    gpu = SM_SHARING_PRODUCT_GPUS[0]
+    (entry,) = our_entries(start(e2e, "s", "gpu-quarter-sm-sharing", gpu=gpu))
+    assert entry["data"]["computeMode"] == "sm-sharing"
+    pct = entry["data"]["activeThreadPercentage"]
+    assert 1 <= pct <= 100
+    assert f"at most {pct}% of the GPU's SMs" in entry["conditions"][0]["message"]
+
+
+def plugin_token_client(e2e: E2E, node: str) -> k8s.ResourceV1Api:
+    """An API client with the identity of the plugin pod on ``node``: a token of its service
+    account bound to that pod (so it names the node, as the kubelet-mounted token does)."""
+    (pod,) = e2e.driver.plugin_pods(node)
+    sa = pod["spec"]["serviceAccountName"]
+    request = {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {
+            "boundObjectRef": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": pod["metadata"]["name"],
+                "uid": pod["metadata"]["uid"],
+            },
+            "expirationSeconds": 600,
+        },
+    }
+    token = e2e.core.create_namespaced_service_account_token(sa, RELEASE_NAMESPACE, request)
+    admin = e2e.api.configuration
+    cfg = k8s.Configuration()
+    cfg.host, cfg.ssl_ca_cert = admin.host, admin.ssl_ca_cert
+    cfg.api_key = {"authorization": f"Bearer {token.status.token}"}
+    return k8s.ResourceV1Api(k8s.ApiClient(cfg))
+
+
+def reapply(api: k8s.ResourceV1Api, claim: dict[str, Any]) -> None:
+    """Server-side apply of the claim's own entries with a changed condition message, as a
+    plugin would write them (a change, so the API server authorizes it)."""
+    entries = copy.deepcopy(our_entries(claim))
+    for e in entries:
+        e["conditions"][0]["message"] += " (rewritten)"
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": claim["metadata"]["name"], "uid": claim["metadata"]["uid"]},
+        "status": {"devices": entries},
+    }
+    api.patch_namespaced_resource_claim_status(
+        claim["metadata"]["name"],
+        claim["metadata"]["namespace"],
+        body,
+        field_manager=FIELD_MANAGER,
+        force=True,
+        _content_type="application/apply-patch+yaml",
+        _preload_content=False,
+    )
+
+
+def test_a_plugin_may_write_only_claims_allocated_on_its_node(e2e: E2E) -> None:
+    here = start(e2e, "here", "gpu-eighth", gpu=2, node=0)
+    there = start(e2e, "there", "gpu-eighth", gpu=2, node=1)
+    as_node1_plugin = plugin_token_client(e2e, e2e.nodes[0].name)
+    with pytest.raises(ApiException) as refused:
+        reapply(as_node1_plugin, there)
+    assert refused.value.status == 403, refused.value.body
+    assert "resourceclaims/driver" in str(refused.value.body)
+    reapply(as_node1_plugin, here)  # its own node's claim: allowed
+    after = e2e.claim_of("here")
+    assert our_entries(after)[0]["conditions"][0]["message"].endswith("(rewritten)")
+    assert not our_entries(e2e.claim_of("there"))[0]["conditions"][0]["message"].endswith(
+        "(rewritten)"
+    )

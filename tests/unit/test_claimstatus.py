@@ -1,0 +1,293 @@
+"""Claim device status: what each prepared claim says in ``status.devices``, and the
+background writer that puts it there (over real HTTP, against an API server stub)."""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from dra_driver import DEFAULT_DRIVER_NAME
+from dra_driver.claimplan import ClaimPlan, ClaimRef
+from dra_driver.claimstatus import (
+    CONDITION_TYPE,
+    FIELD_MANAGER,
+    Enforcement,
+    allocated_node,
+    already_written,
+    status_apply_body,
+)
+from dra_driver.claimstatuswriter import ApiClaimStatus, ClaimStatusWriter
+from dra_driver.metrics import Metrics
+from dra_driver.vocabulary import ComputeMode, Tier
+from tests.support import claimfactory as cf
+from tests.support.apiserver_stub import ClaimStatusServer
+from tests.support.k8sschema import validate
+from tests.support.node import NODE, Node
+
+NOW = "2026-12-01T10:00:00Z"
+
+
+def ref(claim: dict[str, Any]) -> ClaimRef:
+    m = claim["metadata"]
+    return ClaimRef(m["namespace"], m["name"], m["uid"])
+
+
+def prepared(node: Node, claims: list[dict[str, Any]]) -> list[ClaimPlan]:
+    """Prepare ``claims`` on ``node``; the plans its ``on_prepared`` hook was given for them."""
+    plans: list[ClaimPlan] = []
+    for claim in claims:
+        node.claims.add(claim)
+    driver = node.driver(on_prepared=plans.append)
+    outcomes = driver.prepare([ref(c) for c in claims])
+    assert all(not o.error for o in outcomes.values()), outcomes
+    driver.close()
+    uids = {c["metadata"]["uid"] for c in claims}
+    return [p for p in plans if p.claim.uid in uids]
+
+
+def enforcement(plan: ClaimPlan, tier: Tier, *reasons: str) -> dict[str, Enforcement]:
+    return {d.gpu.uuid: Enforcement(tier, reasons) for d in plan.devices}
+
+
+def entry(body: dict[str, Any]) -> dict[str, Any]:
+    (e,) = body["status"]["devices"]
+    out: dict[str, Any] = e
+    return out
+
+
+# --- pure ---------------------------------------------------------------------------------
+
+
+def test_entry_describes_the_fraction_and_is_a_valid_claim_status(node: Node) -> None:
+    claim = cf.on_node(cf.claim([node.share(0, "quarter")]), NODE)
+    (plan,) = prepared(node, [claim])
+    body = status_apply_body(plan, DEFAULT_DRIVER_NAME, enforcement(plan, Tier.HARD), NOW)
+    e = entry(body)
+    d = plan.devices[0]
+    assert (e["driver"], e["pool"], e["device"]) == (DEFAULT_DRIVER_NAME, NODE, d.device)
+    assert e["shareID"] == d.share_id == e["data"]["shareID"]
+    assert e["data"]["gpu"] == {"uuid": d.gpu.uuid, "index": 0, "productName": d.gpu.name}
+    quarter = d.gpu.memory_bytes // 4
+    assert e["data"]["memory"]["limitBytes"] == d.memory_limit_bytes
+    assert abs(d.memory_limit_bytes - quarter) < 2**30  # a quarter of the card, MiB-aligned
+    assert e["data"]["memory"]["limit"].endswith(("Mi", "Ki", "Gi"))
+    assert e["data"]["computeMode"] == ComputeMode.TIME_SLICING
+    assert "activeThreadPercentage" not in e["data"]
+    (cond,) = e["conditions"]
+    assert (cond["type"], cond["status"], cond["lastTransitionTime"]) == (
+        CONDITION_TYPE,
+        "True",
+        NOW,
+    )
+    assert "enforced by the driver" in cond["message"]
+    assert "no compute share guaranteed" in cond["message"]
+    # The claim as the API would hold it validates against the 1.37 schema.
+    validate({**claim, "status": {**claim["status"], "devices": body["status"]["devices"]}})
+
+
+@pytest.mark.parametrize(
+    ("tier", "status", "reason", "words"),
+    [
+        (Tier.HARD, "True", "MemoryLimitEnforced", "enforced by the driver"),
+        (Tier.COOPERATIVE, "False", "CooperativeMemoryLimit", "can exceed it"),
+        (Tier.NONE, "False", "MemoryLimitNotEnforced", "not enforced"),
+    ],
+)
+def test_condition_follows_the_gpu_tier(
+    node: Node, tier: Tier, status: str, reason: str, words: str
+) -> None:
+    (plan,) = prepared(node, [cf.claim([node.share(1, "half")])])
+    why = "driver 580.95.05 is older than r615"
+    e = entry(status_apply_body(plan, DEFAULT_DRIVER_NAME, enforcement(plan, tier, why), NOW))
+    (cond,) = e["conditions"]
+    assert (cond["status"], cond["reason"]) == (status, reason)
+    assert words in cond["message"]
+    assert (why in cond["message"]) is (tier != Tier.HARD)
+    assert e["data"]["enforcement"] == tier
+
+
+def test_unknown_gpu_tier_is_reported_as_not_enforced(node: Node) -> None:
+    (plan,) = prepared(node, [cf.claim([node.share(1, "half")])])
+    e = entry(status_apply_body(plan, DEFAULT_DRIVER_NAME, {}, NOW))
+    assert e["data"]["enforcement"] == Tier.NONE
+    assert e["conditions"][0]["status"] == "False"
+
+
+def test_sm_sharing_entry_carries_the_active_thread_percentage(mixed_node: Node) -> None:
+    share = mixed_node.share(0, "quarter", mode=ComputeMode.SM_SHARING)
+    (plan,) = prepared(mixed_node, [cf.claim([share])])
+    e = entry(status_apply_body(plan, DEFAULT_DRIVER_NAME, enforcement(plan, Tier.HARD), NOW))
+    assert e["data"]["computeMode"] == ComputeMode.SM_SHARING
+    assert plan.devices[0].active_thread_percentage is None  # the claim sets none
+    assert e["data"]["activeThreadPercentage"] == 100  # the plugin's default applies
+    assert "at most 100% of the GPU's SMs" in e["conditions"][0]["message"]
+    set_share = mixed_node.share(0, "quarter", mode=ComputeMode.SM_SHARING)
+    (plan,) = prepared(mixed_node, [cf.claim([set_share], [cf.opaque(activeThreadPercentage=30)])])
+    body = status_apply_body(plan, DEFAULT_DRIVER_NAME, enforcement(plan, Tier.HARD), NOW, 50)
+    assert entry(body)["data"]["activeThreadPercentage"] == 30
+
+
+def test_already_written_ignores_condition_times_only(node: Node) -> None:
+    (plan,) = prepared(node, [cf.claim([node.share(0, "eighth")])])
+    body = status_apply_body(plan, DEFAULT_DRIVER_NAME, enforcement(plan, Tier.HARD), NOW)
+    later = status_apply_body(
+        plan, DEFAULT_DRIVER_NAME, enforcement(plan, Tier.HARD), "2027-01-01T00:00:00Z"
+    )
+    other_driver = {"driver": "other.example.com", "pool": "p", "device": "d"}
+    claim = {"status": {"devices": [other_driver, *copy.deepcopy(body["status"]["devices"])]}}
+    assert already_written(claim, later)
+    assert not already_written({"status": {"devices": [other_driver]}}, body)
+    changed = status_apply_body(plan, DEFAULT_DRIVER_NAME, enforcement(plan, Tier.NONE), NOW)
+    assert not already_written(claim, changed)
+
+
+def test_allocated_node_reads_only_the_single_node_form() -> None:
+    claim = cf.on_node(cf.claim([]), "node-b")
+    assert allocated_node(claim) == "node-b"
+    assert allocated_node(cf.claim([])) is None
+    two = copy.deepcopy(claim)
+    two["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"] *= 2
+    assert allocated_node(two) is None
+    label = copy.deepcopy(claim)
+    label["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0][
+        "key"
+    ] = "metadata.labels"
+    assert allocated_node(label) is None
+
+
+# --- writer -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def api() -> Iterator[ClaimStatusServer]:
+    with ClaimStatusServer() as server:
+        yield server
+
+
+def writer(api: ClaimStatusServer, plan: ClaimPlan, **kw: Any) -> ClaimStatusWriter:
+    kw = {"timeout": 1.0, "backoff": 0.01, **kw}
+    return ClaimStatusWriter(
+        ApiClaimStatus(api.api_client()),
+        DEFAULT_DRIVER_NAME,
+        NODE,
+        enforcement(plan, Tier.COOPERATIVE, "no cgroup v2"),
+        Metrics(),
+        now=lambda: NOW,
+        **kw,
+    )
+
+
+def served_plan(node: Node, api: ClaimStatusServer, on: str = NODE) -> tuple[dict, ClaimPlan]:
+    claim = cf.on_node(cf.claim([node.share(1, "quarter")]), on)
+    (plan,) = prepared(node, [copy.deepcopy(claim)])
+    api.add(claim)
+    return claim, plan
+
+
+def test_writer_applies_the_entries_once(node: Node, api: ClaimStatusServer) -> None:
+    claim, plan = served_plan(node, api)
+    w = writer(api, plan)
+    assert w.write(plan) == "written"
+    ((namespace, name, query, body),) = api.patches
+    assert (namespace, name) == (claim["metadata"]["namespace"], claim["metadata"]["name"])
+    assert f"fieldManager={FIELD_MANAGER}" in query and "force=true" in query
+    assert body["metadata"]["uid"] == claim["metadata"]["uid"]
+    stored = entry({"status": api.claims[(namespace, name)]["status"]})
+    assert stored["conditions"][0]["reason"] == "CooperativeMemoryLimit"
+    assert "no cgroup v2" in stored["conditions"][0]["message"]
+    # A restart submits the claim again: read, nothing to write.
+    assert w.write(plan) == "unchanged"
+    assert len(api.patches) == 1
+    assert w.metrics.claim_status_writes.labels(result="written")._value.get() == 1
+
+
+def test_writer_never_writes_a_claim_allocated_on_another_node(
+    node: Node, api: ClaimStatusServer
+) -> None:
+    _, plan = served_plan(node, api, on="node-b")
+    assert writer(api, plan).write(plan) == "skipped"
+    assert api.patches == []
+
+
+def test_writer_skips_a_claim_recreated_under_the_same_name(
+    node: Node, api: ClaimStatusServer
+) -> None:
+    claim, plan = served_plan(node, api)
+    claim["metadata"]["uid"] = "another-uid"
+    api.add(claim)
+    assert writer(api, plan).write(plan) == "skipped"
+    assert api.patches == []
+    del api.claims[(claim["metadata"]["namespace"], claim["metadata"]["name"])]
+    assert writer(api, plan).write(plan) == "skipped"  # deleted: 404 on the read
+
+
+def test_writer_retries_server_errors_but_not_refusals(
+    node: Node, api: ClaimStatusServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, plan = served_plan(node, api)
+    api.patch_failures = [503, 500]
+    assert writer(api, plan).write(plan) == "written"
+    assert len(api.patches) == 3
+    api.patches.clear()
+    _, plan = served_plan(node, api)
+    api.patch_failures = [403]
+    w = writer(api, plan)
+    assert w.write(plan) == "failed"
+    assert len(api.patches) == 1  # a refusal is not retried
+    assert w.metrics.claim_status_writes.labels(result="failed")._value.get() == 1
+
+
+def test_writer_gives_up_in_bounded_time_on_a_hung_api_server(
+    node: Node, api: ClaimStatusServer
+) -> None:
+    claim, plan = served_plan(node, api)
+    api.hang(claim)
+    w = writer(api, plan, timeout=0.3, attempts=2)
+    started = time.monotonic()
+    assert w.write(plan) == "failed"
+    assert time.monotonic() - started < 3
+    api.release()
+
+
+def test_writer_thread_writes_submitted_claims_and_stops(
+    node: Node, api: ClaimStatusServer
+) -> None:
+    _, plan = served_plan(node, api)
+    w = writer(api, plan)
+    stop = threading.Event()
+    thread = threading.Thread(target=w.run, args=(stop,))
+    thread.start()
+    w.submit(plan)
+    deadline = time.monotonic() + 5
+    while not api.patches and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stop.set()
+    thread.join(2)
+    assert not thread.is_alive()
+    assert len(api.patches) == 1
+
+
+# --- the preparation hook -----------------------------------------------------------------
+
+
+def test_on_prepared_gets_each_recorded_claim_and_recorded_claims_at_start(node: Node) -> None:
+    good = cf.claim([node.share(0, "quarter")])
+    bad = cf.claim([node.share(1, "quarter")], [cf.opaque(memoryLimit="1e5000")])
+    for c in (good, bad):
+        node.claims.add(c)
+    seen: list[ClaimPlan] = []
+    driver = node.driver(on_prepared=seen.append)
+    outcomes = driver.prepare([ref(good), ref(bad)])
+    assert outcomes[bad["metadata"]["uid"]].error
+    assert [p.claim.uid for p in seen] == [good["metadata"]["uid"]]
+    driver.prepare([ref(good)])  # answered from the record: not submitted again
+    assert len(seen) == 1
+    driver.close()
+    again: list[ClaimPlan] = []
+    node.driver(on_prepared=again.append).close()
+    assert [p.claim.uid for p in again] == [good["metadata"]["uid"]]
