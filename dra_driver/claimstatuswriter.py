@@ -115,9 +115,13 @@ def _retryable(exc: Exception) -> bool:
 
 
 def _describe(exc: Exception) -> str:
+    """One line for the log; a refusal for want of rights (403, or the API server's 422 with a
+    ``resourceclaims/driver`` cause) gets :data:`RBAC_HINT`."""
     if isinstance(exc, ApiException):
         text = f"HTTP {exc.status} {exc.reason}"
-        return f"{text}; {RBAC_HINT}" if exc.status == 403 else text
+        if exc.status == 403 or "resourceclaims/driver" in str(exc.body):
+            return f"{text}: {str(exc.body)[:300]}; {RBAC_HINT}"
+        return text
     return f"{type(exc).__name__}: {exc}"
 
 

@@ -156,8 +156,14 @@ def test_a_plugin_may_write_only_claims_allocated_on_its_node(e2e: E2E) -> None:
     as_node1_plugin = plugin_token_client(e2e, e2e.nodes[0].name)
     with pytest.raises(ApiException) as refused:
         reapply(as_node1_plugin, there)
-    assert refused.value.status == 403, refused.value.body
-    assert "resourceclaims/driver" in str(refused.value.body)
+    # The API server answers 422 with a Forbidden cause: the token's node is not the claim's,
+    # so only arbitrary-node (never granted) could allow it.
+    body = str(refused.value.body)
+    assert refused.value.status == 422, body
+    assert (
+        'Forbidden: changing status.devices requires resource=\\"resourceclaims/driver\\"' in body
+    )
+    assert "arbitrary-node:patch" in body
     reapply(as_node1_plugin, here)  # its own node's claim: allowed
     after = e2e.claim_of("here")
     assert our_entries(after)[0]["conditions"][0]["message"].endswith("(rewritten)")
