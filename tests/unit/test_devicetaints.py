@@ -7,6 +7,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
+import yaml
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.devicetaints import (
@@ -22,6 +23,8 @@ from dra_driver.devicetaints import (
     taint_key,
 )
 from dra_driver.gpus import Inventory, SimulatedGpuSource, SkippedGpu
+from tests.support import k8sschema
+from tests.support.paths import REPO
 
 DRIVER = DEFAULT_DRIVER_NAME
 T0 = datetime(2026, 3, 1, 12, 0, 0, 750000, tzinfo=UTC)
@@ -133,3 +136,13 @@ def test_memory_keeps_times_and_drops_healed_gpus() -> None:
     assert again == taints
     healed, none = memory.update(DRIVER, full, full.gpus, {})
     assert healed.gpus == full.gpus and none == {} and memory.taints == {}
+
+
+def test_the_docs_device_taint_rule_example_is_valid() -> None:
+    """docs/examples/device-taint-rule.yaml passes the Kubernetes 1.37 schema and selects a
+    device of this driver, with the effect the driver leaves to administrators."""
+    rule = yaml.safe_load((REPO / "docs" / "examples" / "device-taint-rule.yaml").read_text())
+    k8sschema.validate(rule)
+    assert (rule["apiVersion"], rule["kind"]) == ("resource.k8s.io/v1", "DeviceTaintRule")
+    assert rule["spec"]["deviceSelector"]["driver"] == DRIVER
+    assert rule["spec"]["taint"]["effect"] == "NoExecute"
