@@ -31,6 +31,7 @@ from dra_driver.config import NodeConfig, warn_unmatched_selectors
 from dra_driver.configload import load_node_config
 from dra_driver.devicehealth import device_health
 from dra_driver.devices import DeviceStatus, FractionDevice
+from dra_driver.devicetaints import DeviceTaint, TaintMemory
 from dra_driver.gpus import GpuSource, Inventory, open_source, simnode
 from dra_driver.kubelet.server import PluginServer, SocketPaths
 from dra_driver.locking import PrepareLock
@@ -98,6 +99,9 @@ class NodeState:
         self._seen: dict[str, FractionDevice] = {}
         self.unhealthy_gpus: dict[str, str] = {}
         """GPU UUID -> reason, from the enforcer's last health check."""
+        self.wake = threading.Event()
+        """Set when the set of unhealthy GPUs changes: the publisher republishes at once."""
+        self._taints = TaintMemory()
 
     def refresh(self) -> None:
         """Re-discover GPUs and recompute the fraction devices."""
@@ -117,6 +121,12 @@ class NodeState:
         with self._lock:
             return device_health(self._devices, self._seen, self.unhealthy_gpus)
 
+    def published(self, driver: str) -> tuple[Inventory, Mapping[str, DeviceTaint]]:
+        """The inventory to publish (lost GPUs kept) and its unhealthy GPUs' taints."""
+        with self._lock:
+            seen = (d.gpu for d in self._seen.values())
+            return self._taints.update(driver, self.inventory, seen, self.unhealthy_gpus)
+
 
 def supervise(
     enforcer: FractionEnforcer, state: NodeState, stop: threading.Event, interval: float = 10.0
@@ -133,7 +143,8 @@ def check_mps(
     enforcer: FractionEnforcer, state: NodeState, seconds: float = HEALTH_CHECK_BUDGET_S
 ) -> bool:
     """One MPS health check (repairs and retries of pending claims included) within
-    ``seconds``: it holds the enforcer, which Prepare needs. Updates ``state.unhealthy_gpus``;
+    ``seconds``: it holds the enforcer, which Prepare needs. Updates ``state.unhealthy_gpus``
+    (and sets ``state.wake`` when the set changed, so the GPUs' taints are published at once);
     a check that fails as a whole is logged and leaves them as they were. Returns False when
     the enforcer has nothing to supervise (``check_health`` gave None), else True."""
     try:
@@ -144,9 +155,10 @@ def check_mps(
         return True
     if results is None:
         return False
-    state.unhealthy_gpus = {
-        uuid: r.detail or "MPS unhealthy" for uuid, r in results.items() if not r.healthy
-    }
+    unhealthy = {u: r.detail or "MPS unhealthy" for u, r in results.items() if not r.healthy}
+    if unhealthy.keys() != state.unhealthy_gpus.keys():
+        state.wake.set()  # taints change: republish now
+    state.unhealthy_gpus = unhealthy
     return True
 
 
@@ -366,16 +378,18 @@ class Startup:
             # Read every round: a re-registered Node has a new UID, and slices owned by the
             # old one would be garbage-collected as soon as they are written.
             node_uid = read_node_uid(api, opts.node_name)
+            inventory, taints = state.published(opts.driver_name)
             return build_slices(
-                state.inventory,
+                inventory,
                 config,
                 opts.driver_name,
                 opts.node_name,
                 enforcement=report.tiers,
                 node_uid=node_uid,
+                taints=taints,
             )
 
-        wake = threading.Event()
+        wake = state.wake
         publishing = self._thread(
             "publisher", publisher.run, self.stop, desired, opts.publish_interval, wake
         )

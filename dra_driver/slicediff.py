@@ -13,9 +13,10 @@ The rules (the ResourceSlice API, ``k8s.io/api/resource/v1``, types.go ``Resourc
   consumers already ignore it); otherwise *every* desired slice of the pool is written with
   ``stored + 1`` (at least the desired bodies' own generation), as the API requires of a
   changed pool;
-- content is compared semantically: quantities by value (``1Gi`` == ``1073741824``), empty
-  fields dropped, the labels we set (others' labels are kept), owner references when we set
-  them, and the spec; a stored form the server is known to produce from what was sent
+- content is compared semantically: quantities by value (``1Gi`` == ``1073741824``), taint
+  times by instant (``...Z`` == ``...+00:00``, the client's rendering), empty fields
+  dropped, the labels we set (others' labels are kept), owner references when we set them,
+  and the spec; a stored form the server is known to produce from what was sent
   (:data:`ServerForms`) counts as equal;
 - a slice whose pool name changed is deleted and created again (``spec.pool.name`` is
   immutable); slices no longer desired are deleted last, by name.
@@ -27,6 +28,7 @@ import copy
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal
 
 from dra_driver.quantities import quantity_value
@@ -76,6 +78,18 @@ def _norm_quantity(value: Any) -> Any:
         return value
 
 
+def _norm_time(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return value
+    if moment.tzinfo is None:
+        return value
+    return f"t:{moment.timestamp()}"
+
+
 def _drop_empty(value: Any) -> Any:
     if isinstance(value, dict):
         out = {k: _drop_empty(v) for k, v in value.items()}
@@ -86,8 +100,9 @@ def _drop_empty(value: Any) -> Any:
 
 
 def normalize_spec(spec: Mapping[str, Any], ignore_generation: bool = False) -> dict[str, Any]:
-    """A ResourceSlice spec with quantities replaced by their exact values and empty fields
-    dropped, for comparison; ``ignore_generation`` removes ``pool.generation``."""
+    """A ResourceSlice spec with quantities replaced by their exact values, taint times by
+    their instant and empty fields dropped, for comparison; ``ignore_generation`` removes
+    ``pool.generation``."""
     out: dict[str, Any] = _drop_empty(copy.deepcopy(dict(spec)))
     if ignore_generation and isinstance(out.get("pool"), dict):
         out["pool"].pop("generation", None)
@@ -107,6 +122,9 @@ def normalize_spec(spec: Mapping[str, Any], ignore_generation: bool = False) -> 
         for consumption in device.get("consumesCounters", []):
             for counter in consumption.get("counters", {}).values():
                 counter["value"] = _norm_quantity(counter.get("value"))
+        for taint in device.get("taints", []):
+            if "timeAdded" in taint:
+                taint["timeAdded"] = _norm_time(taint["timeAdded"])
     return out
 
 

@@ -21,6 +21,9 @@ auto``, the default; one when pinned):
   ``max = min + floor((card - min) / step) * step`` (the largest on-grid amount that fits) and
   ``default`` = the configured default rounded up to the grid (capped at ``max``), or ``max``.
 
+Devices of an unhealthy GPU (lost, or failing its MPS check) carry a ``NoSchedule`` taint
+``<driver>/gpu-unhealthy`` (:mod:`dra_driver.devicetaints`); other devices have no ``taints``.
+
 Slices (Kubernetes >= 1.35 layout): counter sets go in their own slices (at most 8 sets each),
 devices in further slices (at most 64 each, since they consume counters or allow multiple
 allocations; one GPU's devices are never split across slices), all in pool ``<node>`` with one
@@ -47,6 +50,7 @@ from dra_driver.config import (
 from dra_driver.configload import load_node_config
 from dra_driver.deviceclasses import label_value
 from dra_driver.devices import FractionDevice
+from dra_driver.devicetaints import DeviceTaint
 from dra_driver.errors import UsageError
 from dra_driver.gpus.model import Inventory
 from dra_driver.offer import Offer, OfferedGpu, capacity_request_policy, offer
@@ -94,6 +98,7 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 """Label set on every published slice; its value is the driver name."""
 
 _NO_ENFORCEMENT: Mapping[str, str] = MappingProxyType({})
+_NO_TAINTS: Mapping[str, DeviceTaint] = MappingProxyType({})
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _NUMERIC_VERSION = re.compile(r"^[0-9]+(\.[0-9]+){0,2}$")
@@ -239,6 +244,7 @@ def build_slices(
     enforcement: Mapping[str, str] = _NO_ENFORCEMENT,
     generation: int = 1,
     node_uid: str | None = None,
+    taints: Mapping[str, DeviceTaint] = _NO_TAINTS,
 ) -> list[dict[str, Any]]:
     """The node's ResourceSlice bodies (resource.k8s.io/v1 API JSON: camelCase, no nulls).
 
@@ -253,6 +259,8 @@ def build_slices(
         generation: ``spec.pool.generation`` of every slice (the publisher replaces it).
         node_uid: when given, each slice gets an ownerReference to its Node, so the garbage
             collector removes the slices with the Node object.
+        taints: GPU UUID -> the taint every device of that GPU carries (``taints``, see
+            :mod:`dra_driver.devicetaints`); devices of other GPUs have no ``taints`` field.
 
     Returns:
         Counter slices first (``sharedCounters`` only), then device slices; ``[]`` when the
@@ -281,6 +289,9 @@ def build_slices(
     for g in result.gpus:
         level = enforcement.get(g.gpu.uuid, Tier.NONE)
         bodies = [_device_body(d, g, level) for d in g.devices]
+        if g.gpu.uuid in taints:
+            for body in bodies:
+                body["taints"] = [taints[g.gpu.uuid].body()]
         if current and len(current) + len(bodies) > MAX_DEVICES_PER_SLICE_ADVANCED:
             groups.append(("devices", current))
             current = []

@@ -17,6 +17,7 @@ PURE = {
     "dra_driver.claimstatus",
     "dra_driver.config",
     "dra_driver.devicehealth",
+    "dra_driver.devicetaints",
     "dra_driver.devices",
     "dra_driver.errors",
     "dra_driver.gpus.model",

@@ -1,6 +1,7 @@
 """End to end, the plugin's life on a real node: what the kubelet's unprepare leaves, pipe
-directories per claim, and running pods across a plugin SIGKILL, a kubelet restart and a
-``helm upgrade`` that rolls the DaemonSet."""
+directories per claim, running pods across a plugin SIGKILL, a kubelet restart and a
+``helm upgrade`` that rolls the DaemonSet, and a lost GPU reaching the kubelet (health) and
+the scheduler (device taints)."""
 
 from __future__ import annotations
 
@@ -11,17 +12,24 @@ import time
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client as k8s
 
 pytest.register_assert_rewrite("plugin_fixtures")
 from plugin_fixtures import (  # noqa: E402
+    DRIVER,
     E2E,
     LOCAL_NODE,
+    REPO,
     Driver,
     GpuNode,
     PreparedClaim,
+    attr,
     check_prepared,
+    claim_spec,
     pool_complete,
+    slice_devices,
+    unschedulable,
     wait_for,
 )
 
@@ -29,6 +37,7 @@ pytestmark = pytest.mark.e2e
 pytest_plugins = ["plugin_fixtures"]
 
 ON_GPU = 'device.attributes["gpu-fraction.dra.dev"].index == {}'
+TAINT_RULE_EXAMPLE = REPO / "docs" / "examples" / "device-taint-rule.yaml"
 
 
 def container_ids(e2e: E2E, pod: str) -> list[tuple[str, int]]:
@@ -174,6 +183,104 @@ def test_lost_gpu_reaches_the_pod_status_through_the_kubelet(e2e: E2E) -> None:
         timeout=90,
         every=1,
     )
+
+
+TAINT_KEY = f"{DRIVER}/gpu-unhealthy"
+
+
+def gpu_taints(e2e: E2E, node: GpuNode) -> dict[int, list[list[dict[str, Any]]]]:
+    """GPU index -> the ``taints`` of each of its devices in the node's (complete) pool."""
+    slices = e2e.slices(node.name)
+    if not pool_complete(slices):
+        return {}
+    out: dict[int, list[list[dict[str, Any]]]] = {}
+    for device in slice_devices(slices).values():
+        out.setdefault(attr(device, "index"), []).append(device.get("taints") or [])
+    return out
+
+
+def allocation(e2e: E2E, pod: str) -> dict[str, Any] | None:
+    """The allocation of the pod's claim ``gpu``, or None (no claim yet, or not allocated)."""
+    statuses = e2e.read_pod(pod)["status"].get("resourceClaimStatuses") or []
+    if not any(s["name"] == "gpu" for s in statuses):
+        return None
+    found: dict[str, Any] | None = (e2e.claim_of(pod).get("status") or {}).get("allocation")
+    return found
+
+
+def test_lost_gpu_taints_its_devices_for_the_scheduler(e2e: E2E) -> None:
+    """A lost GPU's devices stay published with a NoSchedule taint: the real scheduler leaves a
+    claim pinned to it unallocated while a claim tolerating the taint gets it; republishing
+    the same taint writes nothing; when the GPU is back the taint goes and the pending pod
+    runs. DeviceTaintRule (docs' NoExecute example) is served as resource.k8s.io/v1."""
+    node, gpu = e2e.nodes[0], 1
+    lost = node.state_dir / "simulated" / "lost-gpus"
+    started = time.monotonic()
+    try:
+        lost.write_text(f"{gpu}\n")
+        tainted = wait_for(
+            f"the devices of GPU {gpu} tainted",
+            lambda: (t := gpu_taints(e2e, node)) and t[gpu] and all(t[gpu]) and t,
+            timeout=30,
+        )
+        print(f"taint published {time.monotonic() - started:.1f}s after the GPU was lost")
+        for taints in tainted[gpu]:
+            (taint,) = taints
+            assert taint.pop("timeAdded")
+            assert taint == {"key": TAINT_KEY, "value": "gpu-lost", "effect": "NoSchedule"}
+        assert all(t == [] for i, ts in tainted.items() if i != gpu for t in ts)
+        versions = {s["metadata"]["resourceVersion"] for s in e2e.slices(node.name)}
+        e2e.template("pinned", "gpu-eighth", selectors=[ON_GPU.format(gpu)])
+        e2e.pod("pinned", node, templates={"gpu": "pinned"})
+        spec = claim_spec("gpu-eighth", None, None, [ON_GPU.format(gpu)], None, None)
+        spec["devices"]["requests"][0]["exactly"]["tolerations"] = [
+            {"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
+        ]
+        e2e.res.create_namespaced_resource_claim_template(
+            e2e.namespace,
+            k8s.V1ResourceClaimTemplate.from_dict(
+                {"metadata": {"name": "tolerant"}, "spec": {"spec": spec}}
+            ),
+        )
+        e2e.pod("tolerant", node, templates={"gpu": "tolerant"})
+        allocated = wait_for("the tolerating claim allocated", lambda: allocation(e2e, "tolerant"))
+        (result,) = allocated["devices"]["results"]
+        assert result["pool"] == node.name and result["device"].startswith(f"gpu-{gpu}-")
+        wait_for("the pinned pod unschedulable", lambda: unschedulable(e2e, "pinned"))
+        assert not e2e.read_pod("pinned")["spec"].get("nodeName")
+        assert not allocation(e2e, "pinned")
+        # A publish round (5 s in e2e) later, the unchanged taint has caused no write.
+        time.sleep(6)
+        assert {s["metadata"]["resourceVersion"] for s in e2e.slices(node.name)} == versions
+        # ... and the server stored the taint as sent (no "stored ... different" warning).
+        log = e2e.driver.plugin_log(node.name, 400)
+        assert "resource slices published" in log and "different from the one sent" not in log
+        check_taint_rule_example(e2e, node)
+    finally:
+        lost.unlink(missing_ok=True)
+    healed = time.monotonic()
+    wait_for(
+        "the taint removed",
+        lambda: (t := gpu_taints(e2e, node)) and not any(x for ts in t.values() for x in ts),
+        timeout=30,
+    )
+    print(f"taint removed {time.monotonic() - healed:.1f}s after the GPU was back")
+    e2e.wait_running("pinned", timeout=60)
+    got = check_prepared(e2e, "pinned")
+    assert got.results[0]["device"].startswith(f"gpu-{gpu}-")
+    print(f"lost GPU taint round trip: {time.monotonic() - started:.1f}s")
+
+
+def check_taint_rule_example(e2e: E2E, node: GpuNode) -> None:
+    """The admin guide's DeviceTaintRule, made for this node, is accepted (dry run) by the API
+    server as resource.k8s.io/v1."""
+    rule = yaml.safe_load(TAINT_RULE_EXAMPLE.read_text())
+    assert rule["apiVersion"] == "resource.k8s.io/v1"
+    rule["spec"]["deviceSelector"]["pool"] = node.name
+    created = k8s.ResourceV1Api(e2e.api).create_device_taint_rule(
+        k8s.V1DeviceTaintRule.from_dict(rule), dry_run="All"
+    )
+    assert created.spec.taint.effect == "NoExecute"
 
 
 def test_image_pulls_never_leave_the_machine(e2e: E2E) -> None:

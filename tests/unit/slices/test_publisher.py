@@ -16,6 +16,7 @@ from kubernetes.client.exceptions import ApiException
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.config import GpuConfig, NodeConfig
+from dra_driver.devicetaints import GPU_LOST, MPS_CHECK_FAILED, DeviceTaint, taint_key
 from dra_driver.gpus import Inventory, SimulatedGpuSource
 from dra_driver.metrics import Metrics
 from dra_driver.publisher import PublishError, SlicePublisher, is_retryable
@@ -290,6 +291,32 @@ def test_server_that_drops_fields_is_not_fought() -> None:
     pub, _ = publisher(api)
     assert pub.publish(desired("simulated:L4x2")).writes == 2
     assert pub.publish(desired("simulated:L4x2")).writes == 0
+
+
+def test_an_unchanged_taint_writes_nothing() -> None:
+    """The stored ``timeAdded`` comes back from the client as ``...+00:00``, not as the ``Z``
+    sent: the same taint is no change, for this publisher and a restarted one, and is not
+    taken for a server that altered the slice."""
+    gpu = inventory().gpus[2]
+    lost = DeviceTaint(taint_key(DRIVER), GPU_LOST, "2026-03-01T12:00:00Z")
+    api = FakeResourceV1Api()
+    pub, _ = publisher(api)
+    pub.publish(desired())
+    api.calls.clear()
+    assert pub.publish(desired(taints={gpu.uuid: lost})).writes == 2
+    stored = [d["taints"] for d in store_devices(api.store) if "taints" in d]
+    assert stored and all(
+        t == [{**lost.body(), "timeAdded": "2026-03-01T12:00:00+00:00"}] for t in stored
+    )
+    for again in (pub, publisher(api)[0]):
+        api.calls.clear()
+        assert again.publish(desired(taints={gpu.uuid: lost})).writes == 0
+        assert api.writes == 0
+    assert pub._server_forms == {}
+    failed = DeviceTaint(taint_key(DRIVER), MPS_CHECK_FAILED, "2026-03-01T12:00:00Z")
+    assert pub.publish(desired(taints={gpu.uuid: failed})).writes == 2
+    assert pub.publish(desired()).writes == 2  # healthy again: the taint goes
+    assert not [d for d in store_devices(api.store) if "taints" in d]
 
 
 def test_foreign_labels_and_annotations_kept_on_update() -> None:

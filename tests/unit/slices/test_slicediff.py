@@ -12,6 +12,7 @@ import pytest
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.config import GpuConfig, NodeConfig
+from dra_driver.devicetaints import GPU_LOST, DeviceTaint, taint_key
 from dra_driver.gpus import SimulatedGpuSource
 from dra_driver.slicediff import (
     SliceWrite,
@@ -225,3 +226,30 @@ def test_check_desired_rejects_foreign_or_duplicate_slices() -> None:
     twice = desired("simulated:L4x1")
     with pytest.raises(ValueError, match="duplicate"):
         check_desired(twice + twice[:1], DRIVER, NODE)
+
+
+def tainted(time_added: str) -> list[dict[str, Any]]:
+    """H200x8 slices with GPU 0's devices tainted since ``time_added``."""
+    taint = DeviceTaint(taint_key(DRIVER), GPU_LOST, time_added)
+    return desired(taints={gpu_uuid(0): taint})
+
+
+def test_taint_times_compare_by_instant() -> None:
+    """The client renders a stored ``timeAdded`` as ``+00:00``; the same instant is no change,
+    another instant is."""
+    have = stored(tainted("2026-03-01T12:00:00Z"))
+    for obj in have:
+        for device in obj["spec"].get("devices", []):
+            for taint in device.get("taints", []):
+                taint["timeAdded"] = "2026-03-01T12:00:00+00:00"
+    assert diff_slices(tainted("2026-03-01T12:00:00Z"), have).writes == ()
+    assert diff_slices(tainted("2026-03-01T13:00:00+01:00"), have).writes == ()
+    later = diff_slices(tainted("2026-03-01T12:00:01Z"), have)
+    assert [w.op for w in later.writes] == ["update", "update"]
+
+
+def test_unparsable_taint_times_compare_as_text() -> None:
+    spec = tainted("yesterday")[1]["spec"]
+    assert normalize_spec(spec)["devices"][0]["taints"][0]["timeAdded"] == "yesterday"
+    naive = tainted("2026-03-01T12:00:00")[1]["spec"]
+    assert normalize_spec(naive)["devices"][0]["taints"][0]["timeAdded"] == "2026-03-01T12:00:00"
