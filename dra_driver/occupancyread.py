@@ -30,7 +30,7 @@ def api_client(kubeconfig: str | None) -> k8s.ApiClient:
     Raises:
         ConfigException: unusable kubeconfig (the message names the file) or no configuration.
     """
-    from dra_driver.plugin import load_kubeconfig
+    from dra_driver.kubeconfig import load_kubeconfig
 
     path = kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
     cfg = k8s.Configuration()

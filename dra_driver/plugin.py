@@ -11,11 +11,8 @@ from pathlib import Path
 from types import FrameType
 
 import structlog
-import yaml
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
-from kubernetes.config import ConfigException
 from prometheus_client import start_http_server
 from urllib3.exceptions import HTTPError
 
@@ -24,7 +21,6 @@ from dra_driver.accounting import UsageSource, register_accounting
 from dra_driver.atomicfile import ensure_dir
 from dra_driver.budget import DEFAULT_CALL_BUDGET_S, HEALTH_CHECK_BUDGET_S, Budget
 from dra_driver.checkpoint import read_boot_id
-from dra_driver.claimreads import CLAIM_READERS
 from dra_driver.claims import ApiClaimReader
 from dra_driver.claimstatuswriter import ClaimStatusWriter
 from dra_driver.config import NodeConfig, warn_unmatched_selectors
@@ -33,6 +29,7 @@ from dra_driver.devicehealth import device_health
 from dra_driver.devices import DeviceStatus, FractionDevice
 from dra_driver.devicetaints import DeviceTaint, TaintMemory
 from dra_driver.gpus import GpuSource, Inventory, open_source, simnode
+from dra_driver.kubeconfig import api_client
 from dra_driver.kubelet.server import PluginServer, SocketPaths
 from dra_driver.locking import PrepareLock
 from dra_driver.metrics import Metrics
@@ -160,55 +157,6 @@ def check_mps(
         state.wake.set()  # taints change: republish now
     state.unhealthy_gpus = unhealthy
     return True
-
-
-KUBECONFIG_HINT = (
-    "pass --kubeconfig (or KUBECONFIG) a valid kubeconfig file, or neither inside a pod to use "
-    "its service account"
-)
-
-
-def kubeconfig_problem(path: Path, exc: Exception) -> str:
-    """What is wrong with the kubeconfig file ``path`` that failed to load with ``exc``, in
-    one line (the client's own messages do not always name the file)."""
-    if not path.exists():
-        return "no such file"
-    if path.is_file() and path.stat().st_size == 0:
-        return "the file is empty"
-    if isinstance(exc, yaml.YAMLError):
-        return f"not YAML ({str(exc).splitlines()[0]})"
-    if isinstance(exc, TypeError | AttributeError):
-        return "not a kubeconfig (expected a mapping with clusters, contexts and users)"
-    return " ".join(str(exc).split())
-
-
-def load_kubeconfig(path: Path, cfg: k8s.Configuration) -> None:
-    """Load the kubeconfig file ``path`` into ``cfg``.
-
-    Raises:
-        ConfigException: the file is missing, unreadable, empty, not YAML or not a usable
-            kubeconfig; one line naming ``path``, the problem and what to do.
-    """
-    try:
-        k8s_config.load_kube_config(config_file=str(path), client_configuration=cfg)
-    except (ConfigException, yaml.YAMLError, TypeError, AttributeError, OSError) as exc:
-        problem = kubeconfig_problem(path, exc)
-        raise ConfigException(f"kubeconfig {path}: {problem}; {KUBECONFIG_HINT}") from exc
-
-
-def api_client(kubeconfig: str | None) -> k8s.ApiClient:
-    """An API client from ``kubeconfig``, or in-cluster config when None.
-
-    Its connection pool holds one connection per claim-reader thread (``CLAIM_READERS``):
-    with urllib3's default of 10, every batch opened and discarded the rest.
-    """
-    cfg = k8s.Configuration()
-    if kubeconfig:
-        load_kubeconfig(Path(kubeconfig), cfg)
-    else:
-        k8s_config.load_incluster_config(client_configuration=cfg)
-    cfg.connection_pool_maxsize = CLAIM_READERS
-    return k8s.ApiClient(cfg)
 
 
 def read_node_uid(api: k8s.ApiClient, node_name: str) -> str | None:

@@ -372,7 +372,7 @@ def test_api_client_keeps_a_connection_per_claim_reader(tmp_path: Path) -> None:
     connections the rest were opened and discarded on every batch (100 claims: 1.3 s instead
     of 0.3 s in benchmarks/bench_prepare.py)."""
     from dra_driver.claimreads import CLAIM_READERS
-    from dra_driver.plugin import api_client
+    from dra_driver.kubeconfig import api_client
 
     kubeconfig = _kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:1")
     api = api_client(str(kubeconfig))
