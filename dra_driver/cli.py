@@ -189,7 +189,8 @@ def _parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="after Prepare, write each claim's status.devices (GPU, memory, compute mode, "
-        "enforcement; needs the RBAC of the chart's rbac.claimDeviceStatus; default on)",
+        "enforcement; needs the RBAC of the chart's rbac.claimDeviceStatus; default "
+        "%(default)s)",
     )
     p.add_argument(
         "--call-budget",

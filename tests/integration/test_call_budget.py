@@ -288,7 +288,7 @@ def test_health_check_with_a_hung_daemon_is_bounded_and_reports_it(node: Node) -
     driver = mps.driver()
     assert driver.prepare([ref(claim)])[uid(claim)].error == ""
     gpu = node.devices[node.device(0, "quarter")].gpu.uuid
-    state = SimpleNamespace(unhealthy_gpus={})
+    state = SimpleNamespace(unhealthy_gpus={}, wake=threading.Event())
     mps.mps.hang()
     started = time.monotonic()
     check_mps(mps.enforcer, state, seconds=1.0)  # type: ignore[arg-type]
