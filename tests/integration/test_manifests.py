@@ -302,7 +302,7 @@ def test_chart_rejects_bad_values(args: list[str], message: str) -> None:
 
 
 def all_objects() -> Iterator[tuple[str, dict[str, Any]]]:
-    for path in sorted(MANIFESTS.rglob("*.yaml")):
+    for path in [*sorted(MANIFESTS.rglob("*.yaml")), *sorted((ROOT / "demo").glob("[0-9]*.yaml"))]:
         for i, obj in enumerate(file_docs(path)):
             yield f"{path.relative_to(ROOT)}#{i}", obj
     for variant, args in VALUE_VARIANTS.items():

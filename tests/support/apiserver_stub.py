@@ -93,9 +93,7 @@ class ApiStub:
         """An official client pointed at this stub."""
         cfg = k8s.Configuration()
         cfg.host = f"http://127.0.0.1:{self._httpd.server_address[1]}"
-        cfg.connection_pool_maxsize = (
-            CLAIM_READERS  # as kubeconfig.api_client
-        )
+        cfg.connection_pool_maxsize = CLAIM_READERS  # as kubeconfig.api_client
         return k8s.ApiClient(cfg)
 
 
