@@ -20,16 +20,15 @@ is enforced. Each entry::
 the driver for every process of the claim); ``cooperative`` and ``none`` are ``False`` with a
 reason and a message saying what holds instead (see ``docs/what-you-get.md``).
 
-The entries are sent with server-side apply on the ``status`` subresource under
-:data:`FIELD_MANAGER`, so other drivers' entries of the same claim are left alone (the list is
-a map keyed by driver, pool, device and share ID). Limits from the v1 API: at most 32 conditions
-per entry and 10 KiB of ``data`` (``AllocatedDeviceStatusDataMaxLength``); an entry here is
-well under both.
+The entries go into the claim as read (:func:`with_entries`): other drivers' entries of the
+same claim are left alone (the list is a map keyed by driver, pool, device and share ID).
+Limits from the v1 API: at most 32 conditions per entry and 10 KiB of ``data``
+(``AllocatedDeviceStatusDataMaxLength``); an entry here is well under both.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from dra_driver.claimplan import ClaimPlan, DevicePlan
@@ -38,9 +37,6 @@ from dra_driver.vocabulary import ComputeMode, Tier
 
 CONDITION_TYPE = "FractionEnforced"
 """The condition each entry carries."""
-FIELD_MANAGER = "gpu-fraction-kubelet-plugin"
-"""Server-side apply field manager of the plugin's status entries."""
-RESOURCE_API_VERSION = "resource.k8s.io/v1"
 
 
 class Enforcement(NamedTuple):
@@ -154,34 +150,19 @@ def device_status(
     return entry
 
 
-def status_apply_body(
+def device_entries(
     plan: ClaimPlan,
     driver: str,
     enforcement: Mapping[str, Enforcement],
     now: str,
     default_percentage: int = 100,
-) -> dict[str, Any]:
-    """The server-side apply body for the claim's ``status`` subresource: its identity (the
-    UID makes the API server refuse a claim re-created under the same name with 409) and one
-    entry per planned device. ``enforcement``: by GPU UUID (missing: :data:`NOT_ENFORCED`);
-    ``default_percentage``: see :func:`device_status`."""
-    return {
-        "apiVersion": RESOURCE_API_VERSION,
-        "kind": "ResourceClaim",
-        "metadata": {
-            "name": plan.claim.name,
-            "namespace": plan.claim.namespace,
-            "uid": plan.claim.uid,
-        },
-        "status": {
-            "devices": [
-                device_status(
-                    d, driver, enforcement.get(d.gpu.uuid, NOT_ENFORCED), now, default_percentage
-                )
-                for d in plan.devices
-            ]
-        },
-    }
+) -> list[dict[str, Any]]:
+    """One :func:`device_status` entry per planned device. ``enforcement``: by GPU UUID
+    (missing: :data:`NOT_ENFORCED`); ``default_percentage``: see :func:`device_status`."""
+    return [
+        device_status(d, driver, enforcement.get(d.gpu.uuid, NOT_ENFORCED), now, default_percentage)
+        for d in plan.devices
+    ]
 
 
 def _without_times(entry: Mapping[str, Any]) -> dict[str, Any]:
@@ -196,11 +177,26 @@ def _key(entry: Mapping[str, Any]) -> tuple[str, str, str, str]:
     return (entry["driver"], entry["pool"], entry["device"], entry.get("shareID") or "")
 
 
-def already_written(claim: Mapping[str, Any], body: Mapping[str, Any]) -> bool:
-    """Whether ``claim`` (API JSON as read) already carries every entry of ``body`` as
-    :func:`status_apply_body` made it (condition times aside), so no write is needed."""
+def already_written(claim: Mapping[str, Any], entries: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether ``claim`` (API JSON as read) already carries every one of ``entries``
+    (condition times aside), so no write is needed."""
     have = {_key(e): _without_times(e) for e in (claim.get("status") or {}).get("devices") or []}
-    return all(have.get(_key(e)) == _without_times(e) for e in body["status"]["devices"])
+    return all(have.get(_key(e)) == _without_times(e) for e in entries)
+
+
+def with_entries(claim: Mapping[str, Any], entries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``claim`` (API JSON as read) with ``entries`` in ``status.devices``: an entry with the
+    same driver, pool, device and share ID is replaced in place, others (other drivers',
+    other devices') are kept, new ones appended. Everything else is left as read, so an
+    update sends the allocation back unchanged (see :mod:`dra_driver.claimstatuswriter`)."""
+    mine = {_key(e): dict(e) for e in entries}
+    status = dict(claim.get("status") or {})
+    devices = []
+    for e in status.get("devices") or []:
+        devices.append(mine.pop(_key(e), e))
+    devices.extend(mine.values())
+    status["devices"] = devices
+    return {**claim, "status": status}
 
 
 def allocated_node(claim: Mapping[str, Any]) -> str | None:

@@ -5,10 +5,19 @@ For each submitted claim the writer reads the claim, checks it is still the clai
 (same UID) and allocated on this node (the plugin never writes another node's claim; the API
 server would refuse it too, with ``associated-node`` authorization), skips the write when the
 entries are already there (so a plugin restart re-submitting its prepared claims costs one read
-each), and otherwise applies them (server-side apply on ``status``, :data:`FIELD_MANAGER`).
+each), and otherwise updates the claim's ``status`` with them (PUT, guarded by the
+``resourceVersion`` read; a conflict re-reads).
 
-Permissions (Kubernetes >= 1.36 granular status authorization): ``patch`` on
-``resourceclaims/status`` and ``associated-node:patch`` on ``resourceclaims/driver`` with
+Why an update of the claim as read, sent as compact JSON with its keys in the order read, and
+not a patch: the API server compares ``status.allocation`` byte by byte (its opaque
+parameters are raw JSON) and refuses any change to it. Server-side apply and merge patches
+re-encode the parameters with sorted keys, so on a claim whose parameters are not in sorted
+order (``{"apiVersion", "kind", "activeThreadPercentage"}``) Kubernetes 1.37 refuses them with
+422 ``status.allocation: field cannot be modified once set``; the official client's own
+encoder adds spaces, which changes the bytes too.
+
+Permissions (Kubernetes >= 1.36 granular status authorization): ``update`` on
+``resourceclaims/status`` and ``associated-node:update`` on ``resourceclaims/driver`` with
 ``resourceNames: [<driver>]``; the chart grants both (``rbac.claimDeviceStatus``). A refused
 write is logged with that hint and counted; Prepare is never failed by it.
 """
@@ -27,15 +36,16 @@ from typing import Any, Protocol
 import structlog
 from kubernetes.client import ApiClient, ResourceV1Api
 from kubernetes.client.exceptions import ApiException
+from urllib3 import Timeout
 from urllib3.exceptions import HTTPError
 
 from dra_driver.claimplan import ClaimPlan
 from dra_driver.claimstatus import (
-    FIELD_MANAGER,
     Enforcement,
     allocated_node,
     already_written,
-    status_apply_body,
+    device_entries,
+    with_entries,
 )
 from dra_driver.metrics import Metrics
 from dra_driver.tiers import EnforcementReport
@@ -43,17 +53,20 @@ from dra_driver.vocabulary import Tier
 
 log = structlog.get_logger(__name__)
 
-APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
-"""Server-side apply (a JSON body is valid YAML)."""
 RBAC_HINT = (
-    "grant the plugin's service account patch on resourceclaims/status and "
-    "associated-node:patch on resourceclaims/driver for this driver (Helm value "
+    "grant the plugin's service account update on resourceclaims/status and "
+    "associated-node:update on resourceclaims/driver for this driver (Helm value "
     "rbac.claimDeviceStatus=true)"
 )
 
 
+def compact_json(doc: Mapping[str, Any]) -> bytes:
+    """``doc`` as Go clients send it: no spaces, keys in the order given, UTF-8 unescaped."""
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+
+
 class ClaimStatusApi(Protocol):
-    """Reads a claim and applies its status (API JSON)."""
+    """Reads a claim and updates its status (API JSON)."""
 
     def read(self, namespace: str, name: str, timeout: float) -> Mapping[str, Any]:
         """The claim as API JSON.
@@ -64,11 +77,12 @@ class ClaimStatusApi(Protocol):
         """
         ...
 
-    def apply(self, namespace: str, name: str, body: Mapping[str, Any], timeout: float) -> None:
-        """Server-side apply of ``body`` on the claim's ``status`` subresource.
+    def replace(self, namespace: str, name: str, claim: Mapping[str, Any], timeout: float) -> None:
+        """Update the claim's ``status`` subresource with ``claim`` (as read, changed).
 
         Raises:
-            ApiException, urllib3.exceptions.HTTPError: as :meth:`read`.
+            ApiException: refused (409: ``resourceVersion`` or UID no longer match).
+            urllib3.exceptions.HTTPError: no answer within ``timeout`` seconds.
         """
         ...
 
@@ -81,7 +95,8 @@ class ApiClaimStatus:
         config = copy.deepcopy(api_client.configuration)
         config.retries = False
         config.client_go_retries = False
-        self._api = ResourceV1Api(ApiClient(config))
+        self._client = ApiClient(config)
+        self._api = ResourceV1Api(self._client)
 
     def read(self, namespace: str, name: str, timeout: float) -> Mapping[str, Any]:
         resp: Any = self._api.read_namespaced_resource_claim(
@@ -90,17 +105,25 @@ class ApiClaimStatus:
         doc: Mapping[str, Any] = json.loads(resp.data)
         return doc
 
-    def apply(self, namespace: str, name: str, body: Mapping[str, Any], timeout: float) -> None:
-        self._api.patch_namespaced_resource_claim_status(
-            name,
-            namespace,
-            dict(body),
-            field_manager=FIELD_MANAGER,
-            force=True,
-            _content_type=APPLY_CONTENT_TYPE,
-            _preload_content=False,
-            _request_timeout=timeout,
+    def replace(self, namespace: str, name: str, claim: Mapping[str, Any], timeout: float) -> None:
+        """PUT the compact JSON (:func:`compact_json`) through the client's connection pool
+        and credentials (the generated method would re-encode the body with spaces)."""
+        config = self._client.configuration
+        path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}/status"
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        token = config.get_api_key_with_prefix("authorization")
+        if token:
+            headers["Authorization"] = token
+        resp = self._client.rest_client.pool_manager.request(
+            "PUT",
+            f"{config.host}{path}",
+            body=compact_json(claim),
+            headers=headers,
+            timeout=Timeout(total=timeout),
+            retries=False,
         )
+        if resp.status >= 400:
+            raise ApiException(http_resp=resp)
 
 
 def _now() -> str:
@@ -108,9 +131,10 @@ def _now() -> str:
 
 
 def _retryable(exc: Exception) -> bool:
-    """Transport errors, 429 and 5xx are worth another try; other refusals are not."""
+    """Transport errors, conflicts (409: the claim changed since it was read), 429 and 5xx
+    are worth another try (after a new read); other refusals are not."""
     if isinstance(exc, ApiException):
-        return exc.status == 429 or (exc.status or 0) >= 500
+        return exc.status in (409, 429) or (exc.status or 0) >= 500
     return True
 
 
@@ -244,17 +268,17 @@ class ClaimStatusWriter:
                 allocated_node=node,
             )
             return "skipped"
-        body = status_apply_body(
+        entries = device_entries(
             plan, self.driver, self.enforcement, self.now(), self.default_percentage
         )
-        if already_written(claim, body):
+        if already_written(claim, entries):
             return "unchanged"
         started = time.perf_counter()
         try:
-            self.api.apply(ref.namespace, ref.name, body, self.timeout)
+            self.api.replace(ref.namespace, ref.name, with_entries(claim, entries), self.timeout)
         except ApiException as exc:
-            if exc.status in (404, 409):  # deleted, or re-created under the same name
-                bound.info("claim changed before its device status was written", status=exc.status)
+            if exc.status == 404:
+                bound.info("claim deleted before its device status was written")
                 return "skipped"
             raise
         bound.info(

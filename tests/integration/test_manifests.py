@@ -571,13 +571,13 @@ def test_cluster_role_is_least_privilege() -> None:
     expected |= {("resource.k8s.io", "resourceclaims", "get", ()), ("", "nodes", "get", ())}
     # No events: the plugin creates none (the kubelet reports prepare failures on the pod).
     assert rules(rendered_objects("--set", "rbac.claimDeviceStatus=false")) == expected
-    # Default: claim device status, written by server-side apply (patch) on the own node only.
+    # Default: claim device status, written by an update of the status, own node only.
     assert rules(rendered_objects()) - expected == {
-        ("resource.k8s.io", "resourceclaims/status", "patch", ()),
+        ("resource.k8s.io", "resourceclaims/status", "update", ()),
         (
             "resource.k8s.io",
             "resourceclaims/driver",
-            "associated-node:patch",
+            "associated-node:update",
             (DEFAULT_DRIVER_NAME,),
         ),
     }

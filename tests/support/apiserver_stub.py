@@ -39,6 +39,10 @@ class ApiStub:
         """Return ``(status, JSON body)`` for one request, or raise :class:`StubError`."""
         raise StubError(405, "MethodNotAllowed")
 
+    def handle_raw(self, method: str, path: str, raw: bytes) -> tuple[int, Any]:
+        """:meth:`handle` of the parsed body; override to see the body's bytes."""
+        return self.handle(method, path, json.loads(raw) if raw else {})
+
     def __init__(self) -> None:
         stub = self
 
@@ -48,9 +52,9 @@ class ApiStub:
 
             def _serve(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length)) if length else {}
+                raw = self.rfile.read(length) if length else b""
                 try:
-                    status, reply = stub.handle(self.command, self.path, body)
+                    status, reply = stub.handle_raw(self.command, self.path, raw)
                 except StubError as exc:
                     status = exc.status
                     reply = {
@@ -153,42 +157,66 @@ class ClaimServer(ApiStub):
 
 
 _STATUS_PATH = re.compile(
-    r"^/apis/resource\.k8s\.io/v1/namespaces/([^/]+)/resourceclaims/([^/?]+)/status\?(.*)$"
+    r"^/apis/resource\.k8s\.io/v1/namespaces/([^/]+)/resourceclaims/([^/?]+)/status$"
 )
 
 
-def _entry_key(entry: dict[str, Any]) -> tuple[str, str, str, str]:
-    return (entry["driver"], entry["pool"], entry["device"], entry.get("shareID") or "")
-
-
 class ClaimStatusServer(ClaimServer):
-    """A :class:`ClaimServer` that also takes server-side applies of ``status.devices``
-    (``PATCH .../resourceclaims/<name>/status``): the body's entries replace the stored ones
-    with the same driver, pool, device and share ID, as the API's list map does, and a body
-    whose ``metadata.uid`` differs from the stored claim's is refused with 409, as the API
-    server refuses it. ``patches`` records ``(namespace, name, query, body)`` of each PATCH;
-    ``patch_failures`` lists HTTP statuses to answer the next PATCHes with, one each."""
+    """A :class:`ClaimServer` that also takes updates of claims' ``status``
+    (``PUT .../resourceclaims/<name>/status``), as the API server does: a body whose
+    ``metadata.uid`` or ``metadata.resourceVersion`` differs from the stored claim's is refused
+    with 409, and one whose ``status.allocation`` differs from the stored one (compared as the
+    raw bytes of each opaque ``parameters``, as the API server compares them) with 422; else the
+    body's status is stored and the resourceVersion bumped. ``updates`` records the raw body of
+    each PUT; ``update_failures`` lists HTTP statuses to answer the next PUTs with, one each."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.patches: list[tuple[str, str, str, dict[str, Any]]] = []
-        self.patch_failures: list[int] = []
+        self.updates: list[bytes] = []
+        self.update_failures: list[int] = []
 
-    def handle(self, method: str, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+    def add(self, claim: dict[str, Any]) -> None:
+        claim["metadata"].setdefault("resourceVersion", "1")
+        super().add(claim)
+
+    def handle_raw(self, method: str, path: str, raw: bytes) -> tuple[int, Any]:
         m = _STATUS_PATH.match(path)
-        if method != "PATCH" or not m:
-            return super().handle(method, path, body)
-        namespace, name, query = m.groups()
-        self.patches.append((namespace, name, query, body))
-        if self.patch_failures:
-            raise StubError(self.patch_failures.pop(0), "Injected")
-        stored = self.claims.get((namespace, name))
+        if method != "PUT" or not m:
+            return super().handle_raw(method, path, raw)
+        self.updates.append(raw)
+        if self.update_failures:
+            raise StubError(self.update_failures.pop(0), "Injected")
+        stored = self.claims.get((m.group(1), m.group(2)))
         if stored is None:
             raise StubError(404, "NotFound")
-        if body["metadata"].get("uid") != stored["metadata"]["uid"]:
+        sent = json.loads(raw)
+        meta = sent["metadata"]
+        if (meta.get("uid"), meta.get("resourceVersion")) != (
+            stored["metadata"]["uid"],
+            stored["metadata"]["resourceVersion"],
+        ):
             raise StubError(409, "Conflict")
-        status = stored.setdefault("status", {})
-        merged = {_entry_key(e): e for e in status.get("devices") or []}
-        merged.update({_entry_key(e): e for e in body["status"]["devices"]})
-        status["devices"] = list(merged.values())
+        if _allocation_bytes(raw) != _allocation_bytes(_compact(stored)):
+            raise StubError(422, "Invalid")
+        stored["status"] = sent["status"]
+        stored["metadata"]["resourceVersion"] = str(int(stored["metadata"]["resourceVersion"]) + 1)
         return 200, stored
+
+
+def _compact(doc: Any) -> bytes:
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _allocation_bytes(raw: bytes) -> list[bytes]:
+    """The raw bytes of every opaque ``parameters`` object in ``raw``'s allocation (the API
+    server keeps them as sent and compares them byte by byte)."""
+    allocation = raw[raw.find(b'"allocation":') :]
+    out = []
+    for m in re.finditer(rb'"parameters":', allocation):
+        start, depth = m.end(), 0
+        for i in range(start, len(allocation)):
+            depth += {ord("{"): 1, ord("}"): -1}.get(allocation[i], 0)
+            if depth == 0:
+                out.append(allocation[start : i + 1])
+                break
+    return out

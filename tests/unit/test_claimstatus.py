@@ -4,6 +4,7 @@ background writer that puts it there (over real HTTP, against an API server stub
 from __future__ import annotations
 
 import copy
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -15,13 +16,13 @@ from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.claimplan import ClaimPlan, ClaimRef
 from dra_driver.claimstatus import (
     CONDITION_TYPE,
-    FIELD_MANAGER,
     Enforcement,
     allocated_node,
     already_written,
-    status_apply_body,
+    device_entries,
+    with_entries,
 )
-from dra_driver.claimstatuswriter import ApiClaimStatus, ClaimStatusWriter
+from dra_driver.claimstatuswriter import ApiClaimStatus, ClaimStatusWriter, compact_json
 from dra_driver.metrics import Metrics
 from dra_driver.vocabulary import ComputeMode, Tier
 from tests.support import claimfactory as cf
@@ -54,10 +55,9 @@ def enforcement(plan: ClaimPlan, tier: Tier, *reasons: str) -> dict[str, Enforce
     return {d.gpu.uuid: Enforcement(tier, reasons) for d in plan.devices}
 
 
-def entry(body: dict[str, Any]) -> dict[str, Any]:
-    (e,) = body["status"]["devices"]
-    out: dict[str, Any] = e
-    return out
+def entry(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    (e,) = entries
+    return e
 
 
 # --- pure ---------------------------------------------------------------------------------
@@ -66,8 +66,8 @@ def entry(body: dict[str, Any]) -> dict[str, Any]:
 def test_entry_describes_the_fraction_and_is_a_valid_claim_status(node: Node) -> None:
     claim = cf.on_node(cf.claim([node.share(0, "quarter")]), NODE)
     (plan,) = prepared(node, [claim])
-    body = status_apply_body(plan, DEFAULT_DRIVER_NAME, enforcement(plan, Tier.HARD), NOW)
-    e = entry(body)
+    entries = device_entries(plan, DEFAULT_DRIVER_NAME, enforcement(plan, Tier.HARD), NOW)
+    e = entry(entries)
     d = plan.devices[0]
     assert (e["driver"], e["pool"], e["device"]) == (DEFAULT_DRIVER_NAME, NODE, d.device)
     assert e["shareID"] == d.share_id == e["data"]["shareID"]
@@ -87,7 +87,7 @@ def test_entry_describes_the_fraction_and_is_a_valid_claim_status(node: Node) ->
     assert "enforced by the driver" in cond["message"]
     assert "no compute share guaranteed" in cond["message"]
     # The claim as the API would hold it validates against the 1.37 schema.
-    validate({**claim, "status": {**claim["status"], "devices": body["status"]["devices"]}})
+    validate(with_entries(claim, entries))
 
 
 @pytest.mark.parametrize(
@@ -103,7 +103,7 @@ def test_condition_follows_the_gpu_tier(
 ) -> None:
     (plan,) = prepared(node, [cf.claim([node.share(1, "half")])])
     why = "driver 580.95.05 is older than r615"
-    e = entry(status_apply_body(plan, DEFAULT_DRIVER_NAME, enforcement(plan, tier, why), NOW))
+    e = entry(device_entries(plan, DEFAULT_DRIVER_NAME, enforcement(plan, tier, why), NOW))
     (cond,) = e["conditions"]
     assert (cond["status"], cond["reason"]) == (status, reason)
     assert words in cond["message"]
@@ -113,7 +113,7 @@ def test_condition_follows_the_gpu_tier(
 
 def test_unknown_gpu_tier_is_reported_as_not_enforced(node: Node) -> None:
     (plan,) = prepared(node, [cf.claim([node.share(1, "half")])])
-    e = entry(status_apply_body(plan, DEFAULT_DRIVER_NAME, {}, NOW))
+    e = entry(device_entries(plan, DEFAULT_DRIVER_NAME, {}, NOW))
     assert e["data"]["enforcement"] == Tier.NONE
     assert e["conditions"][0]["status"] == "False"
 
@@ -121,29 +121,45 @@ def test_unknown_gpu_tier_is_reported_as_not_enforced(node: Node) -> None:
 def test_sm_sharing_entry_carries_the_active_thread_percentage(mixed_node: Node) -> None:
     share = mixed_node.share(0, "quarter", mode=ComputeMode.SM_SHARING)
     (plan,) = prepared(mixed_node, [cf.claim([share])])
-    e = entry(status_apply_body(plan, DEFAULT_DRIVER_NAME, enforcement(plan, Tier.HARD), NOW))
+    e = entry(device_entries(plan, DEFAULT_DRIVER_NAME, enforcement(plan, Tier.HARD), NOW))
     assert e["data"]["computeMode"] == ComputeMode.SM_SHARING
     assert plan.devices[0].active_thread_percentage is None  # the claim sets none
     assert e["data"]["activeThreadPercentage"] == 100  # the plugin's default applies
     assert "at most 100% of the GPU's SMs" in e["conditions"][0]["message"]
     set_share = mixed_node.share(0, "quarter", mode=ComputeMode.SM_SHARING)
     (plan,) = prepared(mixed_node, [cf.claim([set_share], [cf.opaque(activeThreadPercentage=30)])])
-    body = status_apply_body(plan, DEFAULT_DRIVER_NAME, enforcement(plan, Tier.HARD), NOW, 50)
-    assert entry(body)["data"]["activeThreadPercentage"] == 30
+    entries = device_entries(plan, DEFAULT_DRIVER_NAME, enforcement(plan, Tier.HARD), NOW, 50)
+    assert entry(entries)["data"]["activeThreadPercentage"] == 30
 
 
 def test_already_written_ignores_condition_times_only(node: Node) -> None:
     (plan,) = prepared(node, [cf.claim([node.share(0, "eighth")])])
-    body = status_apply_body(plan, DEFAULT_DRIVER_NAME, enforcement(plan, Tier.HARD), NOW)
-    later = status_apply_body(
+    mine = device_entries(plan, DEFAULT_DRIVER_NAME, enforcement(plan, Tier.HARD), NOW)
+    later = device_entries(
         plan, DEFAULT_DRIVER_NAME, enforcement(plan, Tier.HARD), "2027-01-01T00:00:00Z"
     )
     other_driver = {"driver": "other.example.com", "pool": "p", "device": "d"}
-    claim = {"status": {"devices": [other_driver, *copy.deepcopy(body["status"]["devices"])]}}
+    claim = {"status": {"devices": [other_driver, *copy.deepcopy(mine)]}}
     assert already_written(claim, later)
-    assert not already_written({"status": {"devices": [other_driver]}}, body)
-    changed = status_apply_body(plan, DEFAULT_DRIVER_NAME, enforcement(plan, Tier.NONE), NOW)
+    assert not already_written({"status": {"devices": [other_driver]}}, mine)
+    changed = device_entries(plan, DEFAULT_DRIVER_NAME, enforcement(plan, Tier.NONE), NOW)
     assert not already_written(claim, changed)
+
+
+def test_with_entries_replaces_ours_and_keeps_the_rest_as_read(node: Node) -> None:
+    (plan,) = prepared(node, [cf.claim([node.share(0, "eighth")])])
+    old = device_entries(plan, DEFAULT_DRIVER_NAME, enforcement(plan, Tier.NONE), NOW)
+    new = device_entries(plan, DEFAULT_DRIVER_NAME, enforcement(plan, Tier.HARD), NOW)
+    other = {"driver": "other.example.com", "pool": "p", "device": "d"}
+    claim = {
+        "metadata": {"name": "c"},
+        "status": {"allocation": {"x": 1}, "devices": [*old, other]},
+    }
+    updated = with_entries(claim, new)
+    assert updated["status"]["devices"] == [*new, other]
+    assert updated["status"]["allocation"] is claim["status"]["allocation"]
+    assert claim["status"]["devices"] == [*old, other]  # the claim as read is not changed
+    assert with_entries({"metadata": {}}, new)["status"]["devices"] == new
 
 
 def test_allocated_node_reads_only_the_single_node_form() -> None:
@@ -182,28 +198,54 @@ def writer(api: ClaimStatusServer, plan: ClaimPlan, **kw: Any) -> ClaimStatusWri
     )
 
 
-def served_plan(node: Node, api: ClaimStatusServer, on: str = NODE) -> tuple[dict, ClaimPlan]:
-    claim = cf.on_node(cf.claim([node.share(1, "quarter")]), on)
+def served_plan(
+    node: Node, api: ClaimStatusServer, on: str = NODE, **params: Any
+) -> tuple[dict[str, Any], ClaimPlan]:
+    configs = [cf.opaque(**params)] if params else None
+    claim = cf.on_node(cf.claim([node.share(1, "quarter")], configs), on)
     (plan,) = prepared(node, [copy.deepcopy(claim)])
     api.add(claim)
     return claim, plan
 
 
-def test_writer_applies_the_entries_once(node: Node, api: ClaimStatusServer) -> None:
+def stored(api: ClaimStatusServer, claim: dict[str, Any]) -> dict[str, Any]:
+    got: dict[str, Any] = api.claims[(claim["metadata"]["namespace"], claim["metadata"]["name"])]
+    return got
+
+
+def test_writer_updates_the_claim_once(node: Node, api: ClaimStatusServer) -> None:
     claim, plan = served_plan(node, api)
     w = writer(api, plan)
     assert w.write(plan) == "written"
-    ((namespace, name, query, body),) = api.patches
-    assert (namespace, name) == (claim["metadata"]["namespace"], claim["metadata"]["name"])
-    assert f"fieldManager={FIELD_MANAGER}" in query and "force=true" in query
-    assert body["metadata"]["uid"] == claim["metadata"]["uid"]
-    stored = entry({"status": api.claims[(namespace, name)]["status"]})
-    assert stored["conditions"][0]["reason"] == "CooperativeMemoryLimit"
-    assert "no cgroup v2" in stored["conditions"][0]["message"]
+    assert len(api.updates) == 1
+    e = entry(stored(api, claim)["status"]["devices"])
+    assert e["conditions"][0]["reason"] == "CooperativeMemoryLimit"
+    assert "no cgroup v2" in e["conditions"][0]["message"]
     # A restart submits the claim again: read, nothing to write.
     assert w.write(plan) == "unchanged"
-    assert len(api.patches) == 1
+    assert len(api.updates) == 1
     assert w.metrics.claim_status_writes.labels(result="written")._value.get() == 1
+
+
+def test_writer_sends_the_allocation_back_byte_for_byte(node: Node, api: ClaimStatusServer) -> None:
+    """Reproduces the demo's failure: a claim whose opaque parameters are not in sorted key
+    order (apiVersion, kind, then activeThreadPercentage there; computeMode here). A
+    re-encoding that sorts keys or adds spaces changes the allocation's bytes, which the API
+    server refuses with 422."""
+    claim, plan = served_plan(node, api, computeMode=str(ComputeMode.TIME_SLICING))
+    params = claim["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"]
+    assert list(params) != sorted(params)
+    assert writer(api, plan).write(plan) == "written"
+    (sent,) = api.updates
+    assert compact_json(params) in sent
+    assert json.dumps(params, sort_keys=True, separators=(",", ":")).encode() not in sent
+
+
+def test_writer_rereads_after_a_conflict(node: Node, api: ClaimStatusServer) -> None:
+    claim, plan = served_plan(node, api)
+    api.update_failures = [409]
+    assert writer(api, plan).write(plan) == "written"
+    assert len(api.updates) == 2
 
 
 def test_writer_never_writes_a_claim_allocated_on_another_node(
@@ -211,7 +253,7 @@ def test_writer_never_writes_a_claim_allocated_on_another_node(
 ) -> None:
     _, plan = served_plan(node, api, on="node-b")
     assert writer(api, plan).write(plan) == "skipped"
-    assert api.patches == []
+    assert api.updates == []
 
 
 def test_writer_skips_a_claim_recreated_under_the_same_name(
@@ -221,24 +263,22 @@ def test_writer_skips_a_claim_recreated_under_the_same_name(
     claim["metadata"]["uid"] = "another-uid"
     api.add(claim)
     assert writer(api, plan).write(plan) == "skipped"
-    assert api.patches == []
+    assert api.updates == []
     del api.claims[(claim["metadata"]["namespace"], claim["metadata"]["name"])]
     assert writer(api, plan).write(plan) == "skipped"  # deleted: 404 on the read
 
 
-def test_writer_retries_server_errors_but_not_refusals(
-    node: Node, api: ClaimStatusServer, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_writer_retries_server_errors_but_not_refusals(node: Node, api: ClaimStatusServer) -> None:
     _, plan = served_plan(node, api)
-    api.patch_failures = [503, 500]
+    api.update_failures = [503, 500]
     assert writer(api, plan).write(plan) == "written"
-    assert len(api.patches) == 3
-    api.patches.clear()
+    assert len(api.updates) == 3
+    api.updates.clear()
     _, plan = served_plan(node, api)
-    api.patch_failures = [403]
+    api.update_failures = [403]
     w = writer(api, plan)
     assert w.write(plan) == "failed"
-    assert len(api.patches) == 1  # a refusal is not retried
+    assert len(api.updates) == 1  # a refusal is not retried
     assert w.metrics.claim_status_writes.labels(result="failed")._value.get() == 1
 
 
@@ -264,12 +304,12 @@ def test_writer_thread_writes_submitted_claims_and_stops(
     thread.start()
     w.submit(plan)
     deadline = time.monotonic() + 5
-    while not api.patches and time.monotonic() < deadline:
+    while not api.updates and time.monotonic() < deadline:
         time.sleep(0.01)
     stop.set()
     thread.join(2)
     assert not thread.is_alive()
-    assert len(api.patches) == 1
+    assert len(api.updates) == 1
 
 
 # --- the preparation hook -----------------------------------------------------------------
