@@ -111,9 +111,8 @@ class ApiClaimStatus:
         config = self._client.configuration
         path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}/status"
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        token = config.get_api_key_with_prefix("authorization")
-        if token:
-            headers["Authorization"] = token
+        for auth in config.auth_settings().values():  # the client's own bearer token header
+            headers[auth["key"]] = str(auth["value"])
         resp = self._client.rest_client.pool_manager.request(
             "PUT",
             f"{config.host}{path}",

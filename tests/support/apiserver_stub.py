@@ -39,12 +39,16 @@ class ApiStub:
         """Return ``(status, JSON body)`` for one request, or raise :class:`StubError`."""
         raise StubError(405, "MethodNotAllowed")
 
+    headers: list[dict[str, str]]
+    """The headers of every request received, in order."""
+
     def handle_raw(self, method: str, path: str, raw: bytes) -> tuple[int, Any]:
         """:meth:`handle` of the parsed body; override to see the body's bytes."""
         return self.handle(method, path, json.loads(raw) if raw else {})
 
     def __init__(self) -> None:
         stub = self
+        self.headers = []
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # keep-alive, as kube-apiserver
@@ -53,6 +57,7 @@ class ApiStub:
             def _serve(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
+                stub.headers.append(dict(self.headers))
                 try:
                     status, reply = stub.handle_raw(self.command, self.path, raw)
                 except StubError as exc:

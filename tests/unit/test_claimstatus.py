@@ -241,6 +241,20 @@ def test_writer_sends_the_allocation_back_byte_for_byte(node: Node, api: ClaimSt
     assert json.dumps(params, sort_keys=True, separators=(",", ":")).encode() not in sent
 
 
+def test_update_carries_the_in_cluster_bearer_token(node: Node, api: ClaimStatusServer) -> None:
+    """In a pod the client's token is ``api_key["BearerToken"]`` (load_incluster_config); the
+    update, sent outside the generated methods, must carry it as they do (it once did not, and
+    every write was anonymous)."""
+    claim, plan = served_plan(node, api)
+    client = api.api_client()
+    client.configuration.api_key = {"BearerToken": "Bearer pod-token"}
+    meta = claim["metadata"]
+    ApiClaimStatus(client).replace(meta["namespace"], meta["name"], claim, 1.0)
+    sent = {k.lower(): v for k, v in api.headers[-1].items()}
+    assert sent["authorization"] == "Bearer pod-token"
+    assert sent["content-type"] == "application/json"
+
+
 def test_writer_rereads_after_a_conflict(node: Node, api: ClaimStatusServer) -> None:
     claim, plan = served_plan(node, api)
     api.update_failures = [409]
