@@ -13,7 +13,11 @@ Per node and GPU (the ``index`` attribute of the driver's devices in its Resourc
   to a MiB (as Prepare computes it, :func:`dra_driver.devices.portion_bytes`); a
   capacity-model share is its consumed ``memory``; a result without consumed capacity counts
   the whole card (as Prepare does);
-- ``free``: ``gpuMemory - promised`` (bytes, never below 0).
+- ``free``: ``gpuMemory - promised`` (bytes, never below 0);
+- ``taints``: the ``NoSchedule`` / ``NoExecute`` taints on the GPU's devices, as
+  ``key=value:effect`` (the plugin taints a lost GPU or one whose MPS check fails; an
+  administrator's DeviceTaintRules are not read): new claims land there only if they
+  tolerate them.
 
 Pending pods and their reasons: :mod:`dra_driver.occupancywait`.
 """
@@ -32,6 +36,9 @@ from dra_driver.vocabulary import ANY_PRODUCT, FractionModel
 
 IDLE = "idle"
 """Mode shown for a GPU without allocated shares."""
+
+BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
+"""Device taint effects that keep new claims away (resource.k8s.io/v1 ``DeviceTaint``)."""
 
 GIB = 1024**3
 
@@ -69,6 +76,8 @@ class Device:
     tier: str
     uuid: str
     product_name: str
+    taints: tuple[str, ...] = ()
+    """Its blocking taints as ``key=value:effect``."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +106,8 @@ class GpuUse:
     memory_bytes: int
     holders: list[Holder] = field(default_factory=list)
     modes: set[str] = field(default_factory=set)
+    taints: set[str] = field(default_factory=set)
+    """Blocking taints of any of its devices (``key=value:effect``)."""
 
     @property
     def mode(self) -> str:
@@ -153,6 +164,15 @@ def _fraction_or_none(text: Any) -> Fraction | None:
         return None
 
 
+def blocking_taints(device: Json) -> tuple[str, ...]:
+    """A device body's ``NoSchedule`` / ``NoExecute`` taints as ``key=value:effect``."""
+    return tuple(
+        f"{t.get('key', '')}={t.get('value', '')}:{t['effect']}"
+        for t in device.get("taints") or []
+        if t.get("effect") in BLOCKING_EFFECTS
+    )
+
+
 def _newest(slices: Iterable[Json], driver: str) -> list[Json]:
     """The driver's slices of each pool's highest generation (older ones are being replaced)."""
     ours = [s for s in slices if s.get("spec", {}).get("driver") == driver]
@@ -185,6 +205,7 @@ def devices(slices: Iterable[Json], driver: str) -> dict[tuple[str, str], Device
                 tier=str(attribute(d, "memoryEnforcement") or "none"),
                 uuid=str(attribute(d, "uuid") or ""),
                 product_name=str(attribute(d, "productName") or ""),
+                taints=blocking_taints(d),
             )
     return found
 
@@ -246,7 +267,7 @@ def gpu_uses(cluster: Cluster, driver: str) -> list[GpuUse]:
         gpus.setdefault(
             (d.node, d.gpu),
             GpuUse(d.node, d.gpu, d.uuid, d.product_name, d.tier, d.card_bytes),
-        )
+        ).taints.update(d.taints)
     for claim in cluster.claims:
         allocation = (claim.get("status") or {}).get("allocation") or {}
         meta = claim["metadata"]
@@ -288,10 +309,11 @@ def table(rows: Sequence[Sequence[str]]) -> list[str]:
 
 def render_table(report: Report) -> str:
     """The report as three aligned tables: GPUs, the claims holding them, pending pods."""
-    gpus = [["NODE", "GPU", "NAME", "MODE", "TIER", "MEMORY", "PROMISED", "FREE"]]
+    gpus = [["NODE", "GPU", "NAME", "MODE", "TIER", "MEMORY", "PROMISED", "FREE", "TAINTS"]]
     gpus += [
         [g.node, str(g.index), g.product_name, g.mode, g.tier]
         + [gib(g.memory_bytes), gib(g.promised_bytes), gib(g.free_bytes)]
+        + [",".join(sorted(g.taints)) or "-"]
         for g in report.gpus
     ]
     holders = [["NODE", "GPU", "CLAIM", "PODS", "FRACTION", "MEMORY"]]
@@ -327,6 +349,7 @@ def report_json(report: Report) -> dict[str, Any]:
                 "memoryBytes": g.memory_bytes,
                 "promisedBytes": g.promised_bytes,
                 "freeBytes": g.free_bytes,
+                "taints": sorted(g.taints),
                 "claims": [
                     {
                         "namespace": h.namespace,

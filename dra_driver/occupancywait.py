@@ -17,9 +17,12 @@ Each such request is checked in this order; the first failing check is the pod's
 3. ``no-device-for-class``: no GPU of the matching nodes offers the class's fraction model,
    compute mode and product (the class's ``<driver>/fraction-model``, ``/compute-mode`` and
    ``/product`` labels);
-4. ``other-compute-mode``: every such GPU is busy in the other compute mode (a GPU carries
-   one mode at a time);
-5. ``not-enough-memory``: no GPU in the class's mode (or idle) has free memory for the size:
+4. ``gpu-tainted``: every such GPU carries a ``NoSchedule`` / ``NoExecute`` device taint
+   (lost, or its MPS check failed; the claim's tolerations are not evaluated);
+5. ``other-compute-mode``: every untainted such GPU is busy in the other compute mode (a GPU
+   carries one mode at a time);
+6. ``not-enough-memory``: no untainted GPU in the class's mode (or idle) has free memory for
+   the size:
    the request's ``capacity.requests.memory`` or ``slots`` (written by the sizing policy), else
    the product's portion (an extended-resource device's ``portion`` attribute, or the default
    products) x the card.
@@ -54,10 +57,11 @@ from dra_driver.vocabulary import ANY_PRODUCT, FractionModel
 QUOTA = "quota-exhausted"
 NO_NODE = "no-matching-node"
 NO_DEVICE = "no-device-for-class"
+TAINTED = "gpu-tainted"
 OTHER_MODE = "other-compute-mode"
 NO_MEMORY = "not-enough-memory"
 UNKNOWN = "unknown"
-REASONS = (QUOTA, NO_NODE, NO_DEVICE, OTHER_MODE, NO_MEMORY, UNKNOWN)
+REASONS = (QUOTA, NO_NODE, NO_DEVICE, TAINTED, OTHER_MODE, NO_MEMORY, UNKNOWN)
 """Reasons in the order they are checked."""
 
 
@@ -218,7 +222,7 @@ def _selected(pod: Json, nodes: Sequence[Json], gpus: Sequence[GpuUse]) -> set[s
 def _check_gpus(
     item: Wanted, nodes: set[str], gpus: Sequence[GpuUse], offered: Sequence[Device]
 ) -> tuple[str, str] | None:
-    """Checks 3-5 of one request on the GPUs of ``nodes``; None when some GPU fits it."""
+    """Checks 3-6 of one request on the GPUs of ``nodes``; None when some GPU fits it."""
     mine = [d for d in offered if d.node in nodes and _offers(d, item.cls)]
     on: dict[tuple[str, int], list[Device]] = {}
     for d in mine:
@@ -227,6 +231,14 @@ def _check_gpus(
     name, mode = item.cls.name, item.cls.compute_mode
     if not candidates:
         return NO_DEVICE, f"no GPU on {len(nodes)} matching node(s) offers {name}"
+    untainted = [g for g in candidates if not g.taints]
+    if not untainted:
+        taints = ", ".join(sorted({t for g in candidates for t in g.taints}))
+        return TAINTED, (
+            f"all {len(candidates)} GPU(s) for {name} are tainted ({taints}); only claims "
+            "that tolerate it land there"
+        )
+    candidates = untainted
     usable = [g for g in candidates if mode is None or g.mode in (IDLE, mode)]
     if not usable:
         busy = ", ".join(sorted({g.mode for g in candidates}))

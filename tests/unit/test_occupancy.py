@@ -12,6 +12,7 @@ from dra_driver import DEFAULT_DRIVER_NAME as DRIVER
 from dra_driver.config import default_node_config
 from dra_driver.configload import parse_node_config
 from dra_driver.deviceclasses import build_device_classes
+from dra_driver.devicetaints import GPU_LOST, DeviceTaint, taint_key
 from dra_driver.gpus import MIB, SimulatedGpuSource
 from dra_driver.occupancy import Cluster, render_json, render_table
 from dra_driver.occupancywait import (
@@ -20,6 +21,7 @@ from dra_driver.occupancywait import (
     NO_NODE,
     OTHER_MODE,
     QUOTA,
+    TAINTED,
     UNKNOWN,
     build_report,
 )
@@ -33,11 +35,19 @@ CARD = SimulatedGpuSource(GPUS, seed="node-a").discover().gpus[0].memory_bytes
 QUARTER = CARD // 4 // MIB * MIB
 
 
-def slices(node: str, config: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def slices(
+    node: str, config: dict[str, Any] | None = None, tainted: tuple[int, ...] = ()
+) -> list[dict[str, Any]]:
+    """``node``'s slices; the GPUs of ``tainted`` (indexes) lost, as the plugin taints them."""
     inventory = SimulatedGpuSource(GPUS, seed=node).discover()
     cfg = parse_node_config(config) if config else default_node_config()
     tiers = {g.uuid: "hard" for g in inventory.gpus}
-    return build_slices(inventory, cfg, DRIVER, node, enforcement=tiers)
+    taints = {
+        g.uuid: DeviceTaint(taint_key(DRIVER), GPU_LOST, "2026-12-01T10:00:00Z")
+        for g in inventory.gpus
+        if g.index in tainted
+    }
+    return build_slices(inventory, cfg, DRIVER, node, enforcement=tiers, taints=taints)
 
 
 def node(name: str) -> dict[str, Any]:
@@ -212,6 +222,39 @@ def test_all_gpus_busy_in_the_other_mode() -> None:
     assert reason_of(cluster)[0] == OTHER_MODE
 
 
+def tainted_cluster(tainted: tuple[int, ...]) -> Cluster:
+    """node-a: GPU 0 with two quarters in time-slicing, GPU 1 idle; ``tainted`` GPUs lost;
+    a pod waits for a whole GPU."""
+    busy = busy_cluster(
+        claims=[unallocated("big", "gpu-full", "8")],
+        pods=[pending_pod("big", claims={"gpu": "big"})],
+    )
+    return Cluster(
+        **{
+            **busy.__dict__,
+            "slices": slices("node-a", tainted=tainted),
+            "claims": [c for c in busy.claims if c["metadata"]["name"] != "h1"],
+        }
+    )
+
+
+def test_a_tainted_idle_gpu_is_not_counted_as_room() -> None:
+    assert reason_of(tainted_cluster(()))[0] == UNKNOWN  # GPU 1 idle: the pod fits there
+    why, detail = reason_of(tainted_cluster((1,)))
+    assert why == NO_MEMORY and "(node-a GPU 0)" in detail
+    report = build_report(tainted_cluster((1,)), DRIVER)
+    lost = f"{DRIVER}/gpu-unhealthy=gpu-lost:NoSchedule"
+    assert [sorted(g.taints) for g in report.gpus] == [[], [lost]]
+    assert render_table(report).splitlines()[2].endswith(lost)
+    assert json.loads(render_json(report))["gpus"][1]["taints"] == [lost]
+
+
+def test_every_gpu_for_the_class_tainted() -> None:
+    why, detail = reason_of(tainted_cluster((0, 1)))
+    assert why == TAINTED
+    assert "all 2 GPU(s) for gpu-full are tainted" in detail and "gpu-lost" in detail
+
+
 def test_quota_exhausted_for_a_claim_not_yet_made() -> None:
     key = "gpu-quarter.deviceclass.resource.k8s.io/devices"
     cluster = busy_cluster(
@@ -290,7 +333,17 @@ def test_table_and_json_output() -> None:
     )
     text = render_table(report)
     lines = text.splitlines()
-    assert lines[0].split() == ["NODE", "GPU", "NAME", "MODE", "TIER", "MEMORY", "PROMISED", "FREE"]
+    assert lines[0].split() == [
+        "NODE",
+        "GPU",
+        "NAME",
+        "MODE",
+        "TIER",
+        "MEMORY",
+        "PROMISED",
+        "FREE",
+        "TAINTS",
+    ]
     assert lines[1].split() == [
         "node-a",
         "0",
@@ -301,6 +354,7 @@ def test_table_and_json_output() -> None:
         "139.7Gi",
         "69.8Gi",
         "69.8Gi",
+        "-",
     ]
     # Columns align: every GPU row's MODE starts where its header does.
     assert lines[2].index("sm-sharing") == lines[0].index("MODE")
