@@ -174,7 +174,10 @@ def _without_times(entry: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _key(entry: Mapping[str, Any]) -> tuple[str, str, str, str]:
-    return (entry["driver"], entry["pool"], entry["device"], entry.get("shareID") or "")
+    def get(name: str) -> str:
+        return str(entry.get(name) or "")
+
+    return (get("driver"), get("pool"), get("device"), get("shareID"))
 
 
 def already_written(claim: Mapping[str, Any], entries: Sequence[Mapping[str, Any]]) -> bool:

@@ -214,13 +214,25 @@ class ClaimStatusWriter:
         self._queue.put(plan)
 
     def run(self, stop: threading.Event) -> None:
-        """Write queued claims one by one until ``stop`` is set (thread target)."""
+        """Write queued claims one by one until ``stop`` is set (thread target). A claim whose
+        write fails unexpectedly (a bug, a claim of a shape never seen) is logged and counted
+        as failed; the thread goes on with the next one."""
         while not stop.is_set():
             try:
                 plan = self._queue.get(timeout=0.2)
             except queue.Empty:
                 continue
-            self.write(plan, stop)
+            try:
+                self.write(plan, stop)
+            except Exception:
+                ref = plan.claim
+                log.exception(
+                    "claim device status write failed unexpectedly",
+                    claim_uid=ref.uid,
+                    namespace=ref.namespace,
+                    name=ref.name,
+                )
+                self.metrics.claim_status_writes.labels(result="failed").inc()
 
     def write(self, plan: ClaimPlan, stop: threading.Event | None = None) -> str:
         """Write one claim's device status now; returns the result counted: ``written``,

@@ -326,6 +326,43 @@ def test_writer_thread_writes_submitted_claims_and_stops(
     assert len(api.updates) == 1
 
 
+class BrokenFirstRead:
+    """A :class:`ClaimStatusApi` whose first read raises what no API error looks like."""
+
+    def __init__(self, api: ApiClaimStatus) -> None:
+        self.api, self.reads = api, 0
+
+    def read(self, namespace: str, name: str, timeout: float) -> Any:
+        self.reads += 1
+        if self.reads == 1:
+            raise ValueError("a claim of a shape never seen")
+        return self.api.read(namespace, name, timeout)
+
+    def replace(self, namespace: str, name: str, claim: Any, timeout: float) -> None:
+        self.api.replace(namespace, name, claim, timeout)
+
+
+def test_writer_thread_survives_an_unexpected_error(node: Node, api: ClaimStatusServer) -> None:
+    _, first = served_plan(node, api)
+    _, second = served_plan(node, api)
+    w = writer(api, second)
+    w.api = BrokenFirstRead(ApiClaimStatus(api.api_client()))
+    stop = threading.Event()
+    thread = threading.Thread(target=w.run, args=(stop,))
+    thread.start()
+    w.submit(first)
+    w.submit(second)
+    deadline = time.monotonic() + 5
+    while not api.updates and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stop.set()
+    thread.join(2)
+    assert len(api.updates) == 1  # the second claim was written after the first one failed
+    assert w.metrics.claim_status_writes.labels(result="failed")._value.get() == 1
+    malformed = {"status": {"devices": [{"unexpected": True}]}}
+    assert with_entries(malformed, [])["status"]["devices"] == [{"unexpected": True}]
+
+
 # --- the preparation hook -----------------------------------------------------------------
 
 
