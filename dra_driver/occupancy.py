@@ -139,6 +139,8 @@ class Pending:
 class Report:
     gpus: list[GpuUse]
     pending: list[Pending]
+    node: str | None = None
+    """The node the report is limited to (``--node``), or None for the whole cluster."""
 
 
 def attribute(device: Json, name: str) -> Any:
@@ -328,7 +330,8 @@ def render_table(report: Report) -> str:
         [f"{p.namespace}/{p.name}", ",".join(p.classes), f"{p.reason}: {p.detail}"]
         for p in report.pending
     ]
-    out = table(gpus) if report.gpus else ["no GPUs of this driver in any ResourceSlice"]
+    where = f"on node {report.node}" if report.node else "in any ResourceSlice"
+    out = table(gpus) if report.gpus else [f"no GPUs of this driver {where}"]
     if len(holders) > 1:
         out += ["", *table(holders)]
     out += ["", *table(pending)] if len(pending) > 1 else ["", "no pending pods wait for a GPU"]

@@ -27,6 +27,8 @@ Each such request is checked in this order; the first failing check is the pod's
    the product's portion (an extended-resource device's ``portion`` attribute, or the default
    products) x the card.
 
+A reason from checks 5-6 names the tainted GPUs it left out, if any.
+
 When every request passes, the reason is ``unknown`` and the detail is the scheduler's
 message (e.g. several claims that fit alone but not together).
 """
@@ -203,7 +205,7 @@ def _portion(item: Wanted, offered: Sequence[Device]) -> Fraction:
 
 
 def size_bytes(item: Wanted, gpu: GpuUse, offered: Sequence[Device]) -> int:
-    """Bytes the request needs on ``gpu`` (see the module docstring, check 5)."""
+    """Bytes the request needs on ``gpu`` (see the module docstring, check 6)."""
     if item.cls.fraction_model == FractionModel.CAPACITY:
         requests = (item.request.get("capacity") or {}).get("requests") or {}
         return quantity_int(requests.get("memory", ""), gpu.memory_bytes) or 0
@@ -228,17 +230,28 @@ def _check_gpus(
     for d in mine:
         on.setdefault((d.node, d.gpu), []).append(d)
     candidates = [g for g in gpus if (g.node, g.index) in on]
-    name, mode = item.cls.name, item.cls.compute_mode
+    name = item.cls.name
     if not candidates:
         return NO_DEVICE, f"no GPU on {len(nodes)} matching node(s) offers {name}"
     untainted = [g for g in candidates if not g.taints]
+    taints = ", ".join(sorted({t for g in candidates for t in g.taints}))
     if not untainted:
-        taints = ", ".join(sorted({t for g in candidates for t in g.taints}))
         return TAINTED, (
             f"all {len(candidates)} GPU(s) for {name} are tainted ({taints}); only claims "
             "that tolerate it land there"
         )
-    candidates = untainted
+    failed = _check_untainted(item, untainted, on)
+    if failed and taints:
+        tainted = len(candidates) - len(untainted)
+        return failed[0], f"{failed[1]}; {tainted} other GPU(s) for {name} tainted ({taints})"
+    return failed
+
+
+def _check_untainted(
+    item: Wanted, candidates: Sequence[GpuUse], on: Mapping[tuple[str, int], list[Device]]
+) -> tuple[str, str] | None:
+    """Checks 5-6 of one request on its untainted candidate GPUs; None when one fits it."""
+    name, mode = item.cls.name, item.cls.compute_mode
     usable = [g for g in candidates if mode is None or g.mode in (IDLE, mode)]
     if not usable:
         busy = ", ".join(sorted({g.mode for g in candidates}))
@@ -304,4 +317,4 @@ def build_report(cluster: Cluster, driver: str, node: str | None = None) -> Repo
     allowed = [
         p for p in pending if node in _selected(pods[(p.namespace, p.name)], cluster.nodes, here)
     ]
-    return Report(here, allowed)
+    return Report(here, allowed, node)

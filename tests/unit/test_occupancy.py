@@ -241,9 +241,11 @@ def tainted_cluster(tainted: tuple[int, ...]) -> Cluster:
 def test_a_tainted_idle_gpu_is_not_counted_as_room() -> None:
     assert reason_of(tainted_cluster(()))[0] == UNKNOWN  # GPU 1 idle: the pod fits there
     why, detail = reason_of(tainted_cluster((1,)))
-    assert why == NO_MEMORY and "(node-a GPU 0)" in detail
-    report = build_report(tainted_cluster((1,)), DRIVER)
     lost = f"{DRIVER}/gpu-unhealthy=gpu-lost:NoSchedule"
+    assert why == NO_MEMORY and "(node-a GPU 0)" in detail
+    assert detail.endswith(f"; 1 other GPU(s) for gpu-full tainted ({lost})")
+    assert "tainted" not in reason_of(tainted_cluster(()))[1]
+    report = build_report(tainted_cluster((1,)), DRIVER)
     assert [sorted(g.taints) for g in report.gpus] == [[], [lost]]
     assert render_table(report).splitlines()[2].endswith(lost)
     assert json.loads(render_json(report))["gpus"][1]["taints"] == [lost]
@@ -324,6 +326,9 @@ def test_node_filter() -> None:
     report = build_report(cluster, DRIVER, node="node-b")
     assert {g.node for g in report.gpus} == {"node-b"}
     assert all(g.mode == "idle" for g in report.gpus)
+    nowhere = build_report(cluster, DRIVER, node="nosuch")
+    assert nowhere.gpus == [] and nowhere.pending == []
+    assert render_table(nowhere).splitlines()[0] == "no GPUs of this driver on node nosuch"
 
 
 def test_table_and_json_output() -> None:
