@@ -119,10 +119,20 @@ class NodeState:
             return device_health(self._devices, self._seen, self.unhealthy_gpus)
 
     def published(self, driver: str) -> tuple[Inventory, Mapping[str, DeviceTaint]]:
-        """The inventory to publish (lost GPUs kept) and its unhealthy GPUs' taints."""
+        """The inventory to publish (lost GPUs kept) and its unhealthy GPUs' taints; logs each
+        GPU whose taint appears or goes (``GPU tainted`` / ``GPU taint removed``)."""
         with self._lock:
             seen = (d.gpu for d in self._seen.values())
-            return self._taints.update(driver, self.inventory, seen, self.unhealthy_gpus)
+            before = dict(self._taints.taints)
+            inventory, taints = self._taints.update(
+                driver, self.inventory, seen, self.unhealthy_gpus
+            )
+        for uuid in taints.keys() - before.keys():
+            detail = self.unhealthy_gpus.get(uuid, "not found by the last discovery")
+            log.warning("GPU tainted", gpu=uuid, taint=taints[uuid].value, reason=detail)
+        for uuid in before.keys() - taints.keys():
+            log.info("GPU taint removed", gpu=uuid, taint=before[uuid].value)
+        return inventory, taints
 
 
 def supervise(

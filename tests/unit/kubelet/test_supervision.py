@@ -8,6 +8,8 @@ import threading
 from pathlib import Path
 from types import SimpleNamespace
 
+from structlog.testing import capture_logs
+
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.config import NodeConfig
 from dra_driver.devicetaints import GPU_LOST, MPS_CHECK_FAILED, taint_key
@@ -109,7 +111,22 @@ def test_a_failed_mps_check_taints_the_gpu_at_once_until_it_passes() -> None:
     assert state.published(DEFAULT_DRIVER_NAME)[1] == first  # same time: same slice body
     assert check_mps(enforcer, state)  # type: ignore[arg-type]
     assert state.wake.is_set()
-    assert taints_by_gpu(state) == {0: {""}, 1: {""}, 2: {""}}
+    with capture_logs() as logs:
+        assert taints_by_gpu(state) == {0: {""}, 1: {""}, 2: {""}}
+    assert [(e["event"], e["gpu"]) for e in logs] == [("GPU taint removed", uuid)]
+
+
+def test_a_new_taint_is_logged_once_with_its_reason() -> None:
+    state, _ = node()
+    uuid = state.inventory.gpus[2].uuid
+    bad = {uuid: GpuHealth(uuid, False, "daemon down")}
+    assert check_mps(Scripted(bad), state)  # type: ignore[arg-type]
+    with capture_logs() as logs:
+        state.published(DEFAULT_DRIVER_NAME)
+        state.published(DEFAULT_DRIVER_NAME)
+    assert [(e["event"], e["gpu"], e["taint"], e["reason"]) for e in logs] == [
+        ("GPU tainted", uuid, MPS_CHECK_FAILED, "daemon down")
+    ]
 
 
 def test_a_lost_gpu_stays_published_tainted_until_it_is_back() -> None:
