@@ -88,7 +88,11 @@ def _parser() -> argparse.ArgumentParser:
         default=os.environ.get("GPUS", "nvml"),
         help="GPU source: 'nvml' (default) or 'simulated:H200x8' etc. (env GPUS)",
     )
-    p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="default: in-cluster")
+    p.add_argument(
+        "--kubeconfig",
+        default=os.environ.get("KUBECONFIG"),
+        help="kubeconfig file (default: $KUBECONFIG, else the pod's service account)",
+    )
     p.add_argument(
         "--plugin-dir",
         default=DEFAULT_PLUGIN_DIR,
@@ -229,10 +233,11 @@ def _parser() -> argparse.ArgumentParser:
         "occupancy",
         help="show each GPU's mode, promised and free memory, its claims, and why pods wait",
         description="Read-only, from the API server only (ResourceSlices, ResourceClaims, "
-        "Pods, ResourceQuotas, DeviceClasses, Nodes): per node and GPU its compute mode, "
-        "enforcement tier, memory promised to claims and free, the claims and pods holding "
-        "it; then each Pending pod waiting for one of the driver's classes with the likely "
-        "reason. Exit 2 when the API server cannot be read.",
+        "ResourceClaimTemplates, Pods, ResourceQuotas, DeviceClasses, Nodes): per node and "
+        "GPU its compute mode, enforcement tier, memory promised to claims and free (GiB "
+        "rounded down), its device taints, the claims and pods holding it; then each "
+        "Pending pod waiting for one of the driver's classes with the likely reason. Exit 2 "
+        "when the API server cannot be read.",
     )
     _add_common(p)
     p.add_argument(
