@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from dra_driver import DEFAULT_DRIVER_NAME
+from dra_driver.classnames import device_class_name, label_value
 from dra_driver.config import NodeConfig, default_node_config
-from dra_driver.deviceclasses import device_class_name, label_value
 from dra_driver.vocabulary import ANY_PRODUCT, COMPUTE_MODES
 
 EXTENDED_RESOURCE_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"

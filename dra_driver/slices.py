@@ -43,12 +43,12 @@ from typing import Any
 
 import structlog
 
+from dra_driver.classnames import label_value
 from dra_driver.config import (
     NodeConfig,
     warn_unmatched_selectors,
 )
 from dra_driver.configload import load_node_config
-from dra_driver.deviceclasses import label_value
 from dra_driver.devices import FractionDevice
 from dra_driver.devicetaints import DeviceTaint
 from dra_driver.errors import UsageError

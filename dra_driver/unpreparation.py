@@ -8,23 +8,39 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Protocol
 
 import structlog
 
 from dra_driver import budget, cdifiles
 from dra_driver.budget import Budget, check_started, lock_timeout_message
+from dra_driver.checkpoint import Checkpoint
 from dra_driver.claimplan import ClaimRef, PrepareError, validate_uid
 from dra_driver.errors import CLAIM_ERRORS
-from dra_driver.locking import LockTimeout
-
-if TYPE_CHECKING:
-    from dra_driver.preparation import ClaimPreparation
+from dra_driver.locking import LockTimeout, PrepareLock
+from dra_driver.metrics import Metrics
+from dra_driver.mps import FractionEnforcer
+from dra_driver.podclaims import PodClaims
 
 log = structlog.get_logger(__name__)
 
 
-def unprepare(prep: ClaimPreparation, refs: Iterable[ClaimRef]) -> dict[str, str]:
+class PreparationParts(Protocol):
+    """The parts of the node's claim preparation that Unprepare uses
+    (:class:`dra_driver.preparation.ClaimPreparation`, which calls :func:`unprepare`)."""
+
+    driver_name: str
+    cdi_root: Path
+    call_budget: float
+    lock: PrepareLock
+    checkpoint: Checkpoint
+    metrics: Metrics
+    pod_claims: PodClaims
+    enforcer: FractionEnforcer
+
+
+def unprepare(prep: PreparationParts, refs: Iterable[ClaimRef]) -> dict[str, str]:
     """Unprepare each claim (unknown claims succeed); returns error text by UID ("" = ok).
 
     The records go first (one checkpoint save), then each claim's enforcement and CDI
@@ -44,7 +60,7 @@ def unprepare(prep: ClaimPreparation, refs: Iterable[ClaimRef]) -> dict[str, str
     return errors
 
 
-def _unprepare_locked(prep: ClaimPreparation, refs: list[ClaimRef], call: Budget) -> dict[str, str]:
+def _unprepare_locked(prep: PreparationParts, refs: list[ClaimRef], call: Budget) -> dict[str, str]:
     """The part of :meth:`unprepare` under the lock.
 
     Raises:
@@ -78,7 +94,7 @@ def _unprepare_locked(prep: ClaimPreparation, refs: list[ClaimRef], call: Budget
     return errors
 
 
-def _remove_artifacts(prep: ClaimPreparation, ref: ClaimRef, call: Budget) -> str:
+def _remove_artifacts(prep: PreparationParts, ref: ClaimRef, call: Budget) -> str:
     """Release the claim's enforcement and remove its CDI spec; "" or the error text."""
     try:
         check_started(call, "unpreparing", f"{ref.namespace}/{ref.name}")
@@ -91,7 +107,7 @@ def _remove_artifacts(prep: ClaimPreparation, ref: ClaimRef, call: Budget) -> st
     return ""
 
 
-def _unprepare_failed(prep: ClaimPreparation, ref: ClaimRef, exc: Exception) -> str:
+def _unprepare_failed(prep: PreparationParts, ref: ClaimRef, exc: Exception) -> str:
     """Log and count a failed unprepare; return the error text for the kubelet."""
     prep.metrics.errors.labels(operation="unprepare").inc()
     bound = log.bind(claim_uid=ref.uid, namespace=ref.namespace, name=ref.name)

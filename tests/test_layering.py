@@ -14,6 +14,7 @@ PURE = {
     "dra_driver.apijson",
     "dra_driver.cdi",
     "dra_driver.claimplan",
+    "dra_driver.classnames",
     "dra_driver.claimstatus",
     "dra_driver.config",
     "dra_driver.devicehealth",
@@ -61,6 +62,21 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
+def _imported_modules(path: Path, modules: set[str]) -> set[str]:
+    """Project modules whose code runs when ``path`` is imported: ``from pkg import sub`` of a
+    submodule counts ``pkg.sub`` alone (the package is already being initialised)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name in modules)
+        elif isinstance(node, ast.ImportFrom) and node.module in modules:
+            subs = {f"{node.module}.{a.name}" for a in node.names} & modules
+            found.update(subs)
+            if len(subs) < len(node.names):
+                found.add(node.module)
+    return found
+
+
 def _sources() -> dict[str, Path]:
     return {_module_name(p): p for p in PACKAGE.rglob("*.py") if "_proto" not in p.parts}
 
@@ -88,3 +104,23 @@ def test_compute_mode_names_are_spelled_in_one_module() -> None:
         if '"time-slicing"' in p.read_text() or '"sm-sharing"' in p.read_text()
     }
     assert spelled == {"dra_driver.vocabulary"}
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    """No import cycle between project modules, counting imports inside functions and under
+    ``TYPE_CHECKING`` (a cycle there still ties the two modules' meanings together)."""
+    sources = _sources()
+    graph = {name: _imported_modules(path, set(sources)) - {name} for name, path in sources.items()}
+    cycles = []
+    for start in graph:
+        seen: set[str] = set()
+        todo = list(graph[start])
+        while todo:
+            module = todo.pop()
+            if module == start:
+                cycles.append(start)
+                break
+            if module not in seen:
+                seen.add(module)
+                todo.extend(graph[module])
+    assert cycles == []

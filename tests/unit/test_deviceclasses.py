@@ -12,13 +12,13 @@ import pytest
 import yaml
 
 from dra_driver import DEFAULT_DRIVER_NAME
+from dra_driver.classnames import device_class_name
 from dra_driver.config import GpuOverride, GpuSelector, NodeConfig
 from dra_driver.configload import load_node_config
 from dra_driver.deviceclasses import (
     POLICY_FILE,
     build_device_classes,
     default_device_class_files,
-    device_class_name,
     main,
 )
 from dra_driver.gpus import SimulatedGpuSource
