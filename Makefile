@@ -46,8 +46,12 @@ unit: $(STAMP)
 	$(PY) -m pytest -m 'not e2e and not gpu and not integration' -q
 
 # integration: real processes (the plugin and the CLI as subprocesses, SIGKILLs, helm, protoc,
-# make), multi-second timeouts; tools are built on first use (helm: hack/build-k8s).
+# make, a control plane without nodes), multi-second timeouts. The tools are built first: a
+# cold build (~10 min) inside a test would run past pytest's 300 s per-test timeout.
+INTEGRATION_TOOLS := etcd kube-apiserver kube-controller-manager kube-scheduler helm
+
 integration: $(STAMP)
+	hack/build-k8s $(INTEGRATION_TOOLS)
 	$(PY) -m pytest -m 'integration and not e2e and not gpu' -q
 
 e2e: $(STAMP)

@@ -42,7 +42,7 @@ def make_test(tmp_path: Path, failing: set[str]) -> tuple[subprocess.CompletedPr
     )
     stub(tmp_path / ".venv/bin/python", f'{python}; echo "$t" >> {ran}; exit "$s"')
     stub(tmp_path / "hack/install-node-prereqs", "exit 0")
-    stub(tmp_path / "hack/build-k8s", "exit 0")
+    stub(tmp_path / "hack/build-k8s", f'echo "build-k8s $*" >> {ran}; exit 0')
     env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
     result = subprocess.run(
         ["make", "test"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=60
@@ -53,9 +53,21 @@ def make_test(tmp_path: Path, failing: set[str]) -> tuple[subprocess.CompletedPr
 @pytest.mark.parametrize("failing", [set(), {"lint"}, {"unit"}, {"integration"}, {"lint", "e2e"}])
 def test_make_test_runs_every_tier_and_reports_each(tmp_path: Path, failing: set[str]) -> None:
     result, ran = make_test(tmp_path, failing)
-    assert set(ran.split()) == set(TIERS), result.stdout + result.stderr
+    tiers = [line for line in ran.splitlines() if not line.startswith("build-k8s")]
+    assert set(tiers) == set(TIERS), result.stdout + result.stderr
     assert (result.returncode != 0) == bool(failing)
     summary = result.stdout.splitlines()[-len(TIERS) :]
     assert summary == [f"make test: {t} {'FAILED' if t in failing else 'passed'}" for t in TIERS], (
         result.stdout
     )
+
+
+def test_integration_builds_the_control_plane_and_helm_before_its_tests(tmp_path: Path) -> None:
+    """A cold build of the binaries inside a test's fixture ran past pytest's 300 s timeout
+    on a fresh machine (CI on a new clone: test_occupancy_cluster errored)."""
+    result, ran = make_test(tmp_path, set())
+    lines = ran.splitlines()
+    assert "integration" in lines, result.stdout + result.stderr
+    before = lines[: lines.index("integration")]
+    built = {name for line in before if line.startswith("build-k8s") for name in line.split()[1:]}
+    assert built >= {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "helm"}
