@@ -18,7 +18,7 @@ from dra_driver.devices import FractionDevice, product_memory_bytes
 from dra_driver.gpus.model import Gpu
 from dra_driver.ids import DNS_LABEL, DNS_LABEL_RULE, PrepareError, is_dns_label, validate_uid
 from dra_driver.params import ClaimParameters, parse_parameters, quantity_bytes
-from dra_driver.quantities import canonical_quantity
+from dra_driver.quantities import QuantityError, canonical_quantity, quantity_decimal
 from dra_driver.textlimits import shown
 from dra_driver.vocabulary import ComputeMode, FractionModel
 
@@ -207,8 +207,8 @@ def _requested_memory(result: AllocationResult, fraction: FractionDevice) -> int
     an older version without capacity).
 
     Raises:
-        ParameterError: a consumed amount that is not a positive quantity.
-        PrepareError: more slots than the device has.
+        ParameterError: a consumed memory amount that is not a positive quantity.
+        PrepareError: consumed slots that are not whole or no size of the device.
     """
     if fraction.fraction_model == FractionModel.CAPACITY:
         consumed = _consumed_memory(result)
@@ -216,13 +216,31 @@ def _requested_memory(result: AllocationResult, fraction: FractionDevice) -> int
     if result.consumed_slots is None or not fraction.slots:
         return fraction.memory_bytes
     where = f"{result.path}.consumedCapacity.slots"
-    slots = quantity_bytes(result.consumed_slots, where)
-    if slots > fraction.slots:
-        raise PrepareError(
-            f"{where}: {shown(result.consumed_slots)} is more than the {fraction.slots} slots "
-            f"of device {fraction.name}"
-        )
+    slots = _consumed_slots(result.consumed_slots, where, fraction)
     return product_memory_bytes(fraction.gpu, Fraction(slots, fraction.slots))
+
+
+def _consumed_slots(value: str, where: str, fraction: FractionDevice) -> int:
+    """A consumed ``slots`` amount: whole, and one of the sizes the device offers (its
+    ``validValues``; any of 1..its slots when it lists none).
+
+    Raises:
+        PrepareError: not a whole, positive quantity, or no size of the device.
+    """
+    try:
+        amount = quantity_decimal(value)
+    except QuantityError:
+        amount = None
+    if amount is None or amount <= 0 or amount != amount.to_integral_value():
+        raise PrepareError(f"{where}: {shown(value)} is not a whole, positive number of slots")
+    sizes = fraction.sizes or range(1, fraction.slots + 1)
+    if amount > fraction.slots or int(amount) not in sizes:  # int() only of a small amount
+        offered = ", ".join(str(n) for n in fraction.sizes) or f"1..{fraction.slots}"
+        raise PrepareError(
+            f"{where}: {shown(value)} is no size device {fraction.name} offers ({offered} of "
+            f"{fraction.slots} slots); the scheduler allocates only those"
+        )
+    return int(amount)
 
 
 def _plan_device(

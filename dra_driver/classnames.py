@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import re
 
-from dra_driver.vocabulary import ComputeMode
+from dra_driver.vocabulary import COMPUTE_MODES, ComputeMode
 
 DEFAULT_COMPUTE_MODE = ComputeMode.TIME_SLICING
 """The mode whose classes carry no mode suffix (``gpu-quarter``)."""
+
+MODE_CLASS_SUFFIXES: tuple[str, ...] = tuple(
+    f"-{m}" for m in COMPUTE_MODES if m != DEFAULT_COMPUTE_MODE
+)
+"""Suffixes of the other modes' class and extended-resource names (``-sm-sharing``)."""
 
 CAPACITY_CLASS_STEM = "memory"
 """Stem of the capacity model's class names (``gpu-memory``); reserved as a product name."""
@@ -36,3 +41,19 @@ def extended_resource_name(driver: str, compute_mode: str, product: str) -> str:
     resource a pod may request instead of a claim (``resources.limits``)."""
     suffix = "" if compute_mode == DEFAULT_COMPUTE_MODE else f"-{compute_mode}"
     return f"{driver}/{product}{suffix}"
+
+
+def product_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a product's name, or None. Class names must stay one per product
+    and mode: ``memory`` is the capacity model's stem (``gpu-memory``), and a name ending in a
+    mode's suffix would name another product's class (``gpu-quarter-sm-sharing`` is the
+    sm-sharing class of ``quarter``; ``memory-sm-sharing`` the capacity model's)."""
+    if name == CAPACITY_CLASS_STEM:
+        return "is reserved (capacity model class gpu-memory)"
+    suffix = next((s for s in MODE_CLASS_SUFFIXES if name.endswith(s)), None)
+    if suffix is not None:
+        return (
+            f"ends in {suffix!r}: its class {device_class_name(name, DEFAULT_COMPUTE_MODE)!r} "
+            "would be named like another product's (or the capacity model's) class in that mode"
+        )
+    return None

@@ -28,9 +28,6 @@ consumable ``memory`` capacity (see ``docs/node-config.md``, "What gets publishe
 
 """Compute mode of a GPU: tenants take turns (time-slicing) or run concurrently under MPS."""
 
-RESERVED_PRODUCT_NAMES = frozenset({"memory"})
-"""Product names that would collide with the capacity model's DeviceClass (``gpu-memory``)."""
-
 MAX_PRODUCT_NAME_LENGTH = 40
 """Longest product name: keeps extended-resource device names (``gpu-<index>-<mode>-<product>``)
 and DeviceClass names (``gpu-<product>-sm-sharing``) within the 63-character DNS label limit."""

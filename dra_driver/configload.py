@@ -9,7 +9,6 @@ UTF-8 is an error naming the file. Quantities use :mod:`dra_driver.quantities`.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Hashable, Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
@@ -17,15 +16,14 @@ from typing import Any
 
 import yaml
 
+from dra_driver.classnames import product_name_problem
 from dra_driver.config import (
     API_VERSION,
     DEFAULT_PRODUCTS,
     KIND,
     MAX_PORTION_DENOMINATOR,
-    MAX_PRODUCT_NAME_LENGTH,
     MAX_PRODUCTS,
     MAX_SLOTS,
-    RESERVED_PRODUCT_NAMES,
     CapacityPolicy,
     GpuConfig,
     GpuOverride,
@@ -35,17 +33,20 @@ from dra_driver.config import (
     default_node_config,
     slots_for,
 )
+from dra_driver.config import (
+    MAX_PRODUCT_NAME_LENGTH as MAX_NAME,
+)
 from dra_driver.errors import DriverError, StartupError
 from dra_driver.gpus.model import MIB
+from dra_driver.ids import is_dns_label
 from dra_driver.quantities import QuantityError, canonical_quantity, quantity_value
+from dra_driver.textlimits import shorten
 from dra_driver.vocabulary import (
     AUTO_COMPUTE_MODE,
     COMPUTE_MODE_SETTINGS,
     FRACTION_MODELS,
     FractionModel,
 )
-
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 class ConfigError(StartupError, ValueError):
@@ -138,6 +139,8 @@ def parse_node_config_text(text: str, source: str = "<node-config>") -> NodeConf
         raise ConfigError(f"{source}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # PyYAML's int() digit limit, deep nesting
+        raise ConfigError(f"{source}: not valid YAML: {shorten(str(exc))}") from None
     return parse_node_config(data, source=source)
 
 
@@ -294,17 +297,13 @@ def _products(value: object, where: str) -> tuple[Product, ...]:
         item_where = f"{where}[{i}]"
         item = _mapping(raw, item_where, {"name", "portion"})
         name = item.get("name")
-        if not isinstance(name, str) or not _DNS_LABEL.match(name):
+        if not isinstance(name, str) or not is_dns_label(name) or len(name) > MAX_NAME:
             raise ConfigError(
-                f"{item_where}.name: {name!r} must be a DNS label "
-                "(lower-case letters, digits and '-', starting and ending alphanumeric)"
+                f"{item_where}.name: {name!r} must be a DNS label of at most {MAX_NAME} "
+                "characters (lower-case letters, digits and '-', starting and ending alphanumeric)"
             )
-        if len(name) > MAX_PRODUCT_NAME_LENGTH:
-            raise ConfigError(
-                f"{item_where}.name: {name!r} is longer than {MAX_PRODUCT_NAME_LENGTH} characters"
-            )
-        if name in RESERVED_PRODUCT_NAMES:
-            raise ConfigError(f"{item_where}.name: {name!r} is reserved (capacity model class)")
+        if problem := product_name_problem(name):
+            raise ConfigError(f"{item_where}.name: {name!r} {problem}")
         if any(p.name == name for p in products):
             raise ConfigError(f"{item_where}.name: duplicate product name {name!r}")
         if "portion" not in item:

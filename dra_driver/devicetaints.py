@@ -96,13 +96,14 @@ def lost_gpus(current: Inventory, seen: Iterable[Gpu]) -> dict[str, Gpu]:
 
 def published_inventory(current: Inventory, lost: Mapping[str, Gpu]) -> Inventory:
     """The inventory whose devices are published: ``current`` plus the ``lost`` GPUs, in
-    index order. A lost GPU whose index a present GPU now has is left out (both would
-    publish the same device and counter-set names; the present one wins)."""
+    index order. Device and counter-set names follow the index, so one GPU per index is
+    published: a present GPU wins over lost ones, and of several lost GPUs that had one index
+    (a card swapped, then lost too) the newest card (``lost`` is in the order first seen)."""
     taken = {g.index for g in current.gpus}
-    kept = [g for g in lost.values() if g.index not in taken]
+    kept = {g.index: g for g in lost.values() if g.index not in taken}
     if not kept:
         return current
-    gpus = tuple(sorted((*current.gpus, *kept), key=lambda g: g.index))
+    gpus = tuple(sorted((*current.gpus, *kept.values()), key=lambda g: g.index))
     return Inventory(gpus=gpus, skipped=current.skipped)
 
 

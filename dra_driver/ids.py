@@ -24,6 +24,12 @@ def is_dns_label(text: str) -> bool:
     return DNS_LABEL.fullmatch(text) is not None
 
 
+def is_dns_subdomain(text: str, max_length: int = _DNS_SUBDOMAIN_MAX) -> bool:
+    """Whether ``text`` is an RFC 1123 subdomain in full (Kubernetes ``IsDNS1123Subdomain``:
+    at most 253 characters, or ``max_length``; no trailing newline)."""
+    return len(text) <= max_length and _DNS_SUBDOMAIN.fullmatch(text) is not None
+
+
 def validate_uid(uid: str) -> str:
     """Return ``uid`` if it is a lower-case RFC 4122 UUID (the Kubernetes UID form).
 
@@ -52,7 +58,7 @@ def validate_claim_name(namespace: str, name: str) -> None:
         raise PrepareError(
             f"claim namespace {shown(namespace)} is not a DNS label ({DNS_LABEL_RULE})"
         )
-    if len(name) > _DNS_SUBDOMAIN_MAX or not _DNS_SUBDOMAIN.fullmatch(name):
+    if not is_dns_subdomain(name):
         raise PrepareError(
             f"claim name {shown(name)} is not a DNS subdomain (at most 253 characters of a-z, "
             "0-9, '-' and '.')"

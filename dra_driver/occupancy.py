@@ -78,6 +78,9 @@ class Device:
     product_name: str
     taints: tuple[str, ...] = ()
     """Its blocking taints as ``key=value:effect``."""
+    memory_default: int | None = None
+    """Bytes of its ``memory`` capacity's ``requestPolicy.default`` (capacity model): what a
+    request that names no memory consumes. None for products devices."""
 
 
 @dataclass(frozen=True)
@@ -208,6 +211,9 @@ def devices(slices: Iterable[Json], driver: str) -> dict[tuple[str, str], Device
                 uuid=str(attribute(d, "uuid") or ""),
                 product_name=str(attribute(d, "productName") or ""),
                 taints=blocking_taints(d),
+                memory_default=quantity_int(
+                    ((capacity.get("memory") or {}).get("requestPolicy") or {}).get("default", "")
+                ),
             )
     return found
 

@@ -23,8 +23,9 @@ Each such request is checked in this order; the first failing check is the pod's
    carries one mode at a time);
 6. ``not-enough-memory``: no untainted GPU in the class's mode (or idle) has free memory for
    the size:
-   the request's ``capacity.requests.memory`` or ``slots`` (written by the sizing policy), else
-   the product's portion (an extended-resource device's ``portion`` attribute, or the default
+   the request's ``capacity.requests.memory`` (else the device's ``requestPolicy.default``, as
+   the scheduler consumes it) or ``slots`` (written by the sizing policy), else the product's
+   portion (an extended-resource device's ``portion`` attribute, or the default
    products) x the card.
 
 A reason from checks 5-6 names the tainted GPUs it left out, if any.
@@ -208,7 +209,8 @@ def size_bytes(item: Wanted, gpu: GpuUse, offered: Sequence[Device]) -> int:
     """Bytes the request needs on ``gpu`` (see the module docstring, check 6)."""
     if item.cls.fraction_model == FractionModel.CAPACITY:
         requests = (item.request.get("capacity") or {}).get("requests") or {}
-        return quantity_int(requests.get("memory", ""), gpu.memory_bytes) or 0
+        default = next((d.memory_default for d in offered if d.memory_default), None)
+        return quantity_int(requests.get("memory", ""), default or gpu.memory_bytes) or 0
     return portion_bytes(gpu.memory_bytes, _portion(item, offered))
 
 

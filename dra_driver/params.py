@@ -45,7 +45,7 @@ _FIELDS = {
 
 MAX_BYTES = 2**63 - 1
 """Largest byte count accepted (Kubernetes quantities are int64 in the API server)."""
-_DECIMAL = re.compile(r"^[0-9]*\.?[0-9]+$")
+_DECIMAL = re.compile(r"[0-9]*\.?[0-9]+")
 """Plain decimal notation, as the claim-parameters admission policy accepts it."""
 
 
@@ -116,7 +116,7 @@ def quantity_bytes(value: Any, where: str) -> int:
 
 
 def _portion(value: Any, where: str) -> Fraction:
-    plain = isinstance(value, str) and _DECIMAL.match(value) is not None
+    plain = isinstance(value, str) and _DECIMAL.fullmatch(value) is not None
     if isinstance(value, bool) or not (plain or isinstance(value, int | float)):
         raise ParameterError(f'{where}: {shown(value)} must be a number in (0, 1], e.g. "0.8"')
     try:

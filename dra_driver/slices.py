@@ -53,6 +53,7 @@ from dra_driver.devices import FractionDevice
 from dra_driver.devicetaints import DeviceTaint
 from dra_driver.errors import UsageError
 from dra_driver.gpus.model import Inventory
+from dra_driver.ids import is_dns_subdomain
 from dra_driver.offer import Offer, OfferedGpu, capacity_request_policy, offer
 from dra_driver.quantities import canonical_quantity
 from dra_driver.vocabulary import ANY_PRODUCT, TIERS, FractionModel, Tier
@@ -99,12 +100,10 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 
 _NO_ENFORCEMENT: Mapping[str, str] = MappingProxyType({})
 _NO_TAINTS: Mapping[str, DeviceTaint] = MappingProxyType({})
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_NUMERIC_VERSION = re.compile(r"^[0-9]+(\.[0-9]+){0,2}$")
+_NUMERIC_VERSION = re.compile(r"[0-9]+(\.[0-9]+){0,2}")
 _SEMVER = re.compile(
-    r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)"
-    r"(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?(\+[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?$"
+    r"(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)"
+    r"(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?(\+[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?"
 )
 
 
@@ -115,11 +114,11 @@ def semver(text: str) -> str | None:
     ``"615.71.09"`` -> ``"615.71.9"``: semver forbids leading zeros); a string that is
     already semver is kept.
     """
-    if _NUMERIC_VERSION.match(text):
+    if _NUMERIC_VERSION.fullmatch(text):
         parts = [str(int(p)) for p in text.split(".")]
         parts += ["0"] * (3 - len(parts))
         return ".".join(parts)
-    if _SEMVER.match(text) and len(text) <= MAX_ATTRIBUTE_VALUE_LENGTH:
+    if _SEMVER.fullmatch(text) and len(text) <= MAX_ATTRIBUTE_VALUE_LENGTH:
         return text
     return None
 
@@ -207,9 +206,9 @@ def slice_name(node: str, driver: str, n: int) -> str:
 
 
 def _check_names(node: str, driver: str) -> None:
-    if len(node) > MAX_SLICE_NAME_LENGTH or not _DNS_SUBDOMAIN.match(node):
+    if not is_dns_subdomain(node, MAX_SLICE_NAME_LENGTH):
         raise UsageError(f"node name {node!r} is not a DNS subdomain (lower case, <= 253 chars)")
-    if len(driver) > 63 or not _DNS_SUBDOMAIN.match(driver):
+    if not is_dns_subdomain(driver, 63):
         raise UsageError(f"driver name {driver!r} must be a DNS subdomain of at most 63 chars")
 
 

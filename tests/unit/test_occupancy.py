@@ -371,3 +371,46 @@ def test_table_and_json_output() -> None:
     assert doc["gpus"][0]["claims"][0]["fraction"] == "quarter"
     assert doc["pending"][0]["reason"] == NO_MEMORY
     assert render_json(report) == render_json(report)
+
+
+CAPACITY_SM_CONFIG = {
+    "apiVersion": "gpu-fraction.dra.dev/v1alpha1",
+    "kind": "NodeConfig",
+    "defaults": {"fractionModel": "capacity", "computeMode": "sm-sharing"},
+    "capacity": {"default": "8Gi"},
+}
+
+
+def test_capacity_request_without_memory_is_sized_at_the_published_default() -> None:
+    """A capacity claim that names no memory consumes the published default (the scheduler's
+    rule), not the whole card: it was reported not-enough-memory beside GPUs with room."""
+    published = slices("node-a", CAPACITY_SM_CONFIG)
+    policy = next(
+        d["capacity"]["memory"]["requestPolicy"]
+        for s in published
+        for d in s["spec"].get("devices", [])
+    )
+    assert policy["default"] == "8Gi"  # what the scheduler gives a claim that names no memory
+    # Each GPU holds a 40Gi claim: ~99.8Gi free on each, plenty for the 8Gi default.
+    claims = [
+        allocated(
+            f"m{i}",
+            "gpu-memory-sm-sharing",
+            i,
+            None,
+            "sm-sharing",
+            f"p{i}",
+            config=CAPACITY_SM_CONFIG,
+        )
+        for i in (0, 1)
+    ]
+    claims.append(unallocated("new", "gpu-memory-sm-sharing"))  # no capacity request
+    cluster = Cluster(
+        slices=published,
+        claims=claims,
+        classes=build_device_classes(parse_node_config(CAPACITY_SM_CONFIG)),
+        pods=[pending_pod("w", claims={"gpu": "new"})],
+        nodes=[node("node-a")],
+    )
+    [pending] = build_report(cluster, DRIVER).pending
+    assert pending.reason != NO_MEMORY, pending.detail

@@ -49,6 +49,7 @@ def test_portion_is_exact() -> None:
         ({"memoryLimitPortion": "1.2"}, "outside (0, 1]"),
         ({"memoryLimitPortion": "half"}, "number in (0, 1]"),
         ({"memoryLimitPortion": "5e-1"}, "number in (0, 1]"),
+        ({"memoryLimitPortion": "0.5\n"}, "number in (0, 1]"),  # the admission policy refuses it
         ({"memoryLimitPortion": float("inf")}, "outside (0, 1]"),
         ({"memoryLimitPortion": float("nan")}, "outside (0, 1]"),
         ({"memoryLimit": 1.5}, "must be a Kubernetes quantity"),
