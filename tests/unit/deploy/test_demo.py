@@ -1,5 +1,5 @@
 """hack/demo's display of the published devices (make demo broke on the new model: it read a
-per-device memory capacity that shared products devices no longer have)."""
+per-device memory capacity that shared products devices no longer have) and of the refused pod."""
 
 from __future__ import annotations
 
@@ -39,3 +39,26 @@ def test_every_published_device_has_a_capacity_text() -> None:
         demo.capacity_text(d) for d in _devices({"defaults": {"fractionModel": "capacity"}})
     }
     assert memory.startswith("memory ") and memory.endswith("Mi")
+
+
+def test_the_refusal_shown_is_the_kubelets_not_an_earlier_warning() -> None:
+    """make demo showed the controller's transient 'resourceclaimtemplate "too-tight" not
+    found' (the pod was created before the controller saw its template) as the kubelet's
+    refusal, and the summary then claimed 'memory limit below its request'."""
+    demo = _demo()
+    early = {
+        "type": "Warning",
+        "reason": "FailedResourceClaimCreation",
+        "source": {"component": "resource_claim"},
+        "message": 'resourceclaimtemplate.resource.k8s.io "too-tight" not found',
+    }
+    refused = {
+        "type": "Warning",
+        "reason": "FailedPrepareDynamicResources",
+        "source": {"component": "kubelet", "host": "gpu-node-1"},
+        "message": "memory limit 8Gi is below the request",
+    }
+    assert demo.refusals([early, refused]) == [refused]
+    assert demo.refusals([early]) == []
+    assert demo.event_source(refused) == "kubelet"
+    assert demo.event_source({"reportingComponent": "resource_claim"}) == "resource_claim"
