@@ -464,6 +464,20 @@ def test_busybox_shell(images: dict[str, tuple[str, str]], tmp_path: Path) -> No
     assert all(any(f.endswith(f"bin/{a}") for f in found) for a in applets), proc.stdout
 
 
+def _signal_state(pid: int) -> str:
+    """What the kernel says of a process that did not exit on a signal: its state, signal
+    masks (ignored, caught, pending, blocked), what it waits in, and its children."""
+    proc = Path(f"/proc/{pid}")
+    keys = ("State", "SigIgn", "SigCgt", "SigPnd", "ShdPnd", "SigBlk")
+    try:
+        lines = [ln for ln in (proc / "status").read_text().splitlines() if ln.startswith(keys)]
+        wchan = (proc / "wchan").read_text()
+        children = (proc / "task" / str(pid) / "children").read_text().split()
+    except OSError as exc:
+        return f"no /proc entry ({exc})"
+    return f"{'; '.join(lines)}; wchan {wchan}; children {children}"
+
+
 @pytest.mark.e2e
 def test_pause_exits_promptly_on_sigterm(
     images: dict[str, tuple[str, str]], tmp_path: Path
@@ -483,7 +497,11 @@ def test_pause_exits_promptly_on_sigterm(
             assert proc.poll() is None, "pause exited by itself"
             t0 = time.monotonic()
             proc.send_signal(sig)
-            assert proc.wait(timeout=5) == 0
+            try:
+                code = proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"pause ignored {sig.name} for 5 s: {_signal_state(proc.pid)}")
+            assert code == 0, f"{sig.name}: exit {code}"
             assert time.monotonic() - t0 < 1.0
         finally:
             with contextlib.suppress(ProcessLookupError):
