@@ -464,6 +464,15 @@ def test_busybox_shell(images: dict[str, tuple[str, str]], tmp_path: Path) -> No
     assert all(any(f.endswith(f"bin/{a}") for f in found) for a in applets), proc.stdout
 
 
+def _default_signals() -> None:
+    """Start pause with default signal dispositions, as a container runtime does: a runner
+    that ignores SIGINT and SIGQUIT (a background job of a shell without job control, e.g.
+    ``make test &``) passes that on, and a non-interactive shell cannot trap what it was
+    started ignoring, so pause never saw SIGINT."""
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _signal_state(pid: int) -> str:
     """What the kernel says of a process that did not exit on a signal: its state, signal
     masks (ignored, caught, pending, blocked), what it waits in, and its children."""
@@ -491,6 +500,7 @@ def test_pause_exits_promptly_on_sigterm(
             ["chroot", str(root), *oci["config"]["config"]["Entrypoint"]],
             env=image_env(oci),
             start_new_session=True,
+            preexec_fn=_default_signals,
         )
         try:
             time.sleep(1)
