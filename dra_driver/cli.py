@@ -81,7 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_common(p)
     p.add_argument(
-        "--node-name", default=os.environ.get("NODE_NAME"), help="this node (env NODE_NAME)"
+        "--node-name",
+        default=os.environ.get("NODE_NAME"),
+        help="this node (required; or env NODE_NAME)",
     )
     p.add_argument(
         "--gpus",
@@ -122,7 +124,9 @@ def _parser() -> argparse.ArgumentParser:
         default=os.environ.get("POD_UID", ""),
         help="pod UID for rolling-update socket names (env POD_UID); empty: classic names",
     )
-    p.add_argument("--metrics-port", type=int, default=0, help="serve /metrics here (0: off)")
+    p.add_argument(
+        "--metrics-port", type=int, default=0, help="serve /metrics here (default 0: off)"
+    )
     p.add_argument(
         "--metrics-bind-address",
         default=DEFAULT_METRICS_BIND_ADDRESS,
@@ -168,7 +172,7 @@ def _parser() -> argparse.ArgumentParser:
         "--default-active-thread-percentage",
         type=_percentage,
         default=100,
-        help="SM ceiling (1..100) of sm-sharing claims that set none",
+        help="SM ceiling (1..100) of sm-sharing claims that set none (default 100)",
     )
     p.add_argument(
         "--time-slicing-compute-mode",
