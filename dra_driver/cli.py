@@ -376,7 +376,10 @@ def _occupancy(kubeconfig: str | None, driver: str, node: str | None, output: st
             file=sys.stderr,
         )
         return 2
-    except (ConfigException, HTTPError, OSError) as exc:
+    except ConfigException as exc:  # names the file and what to do
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    except (HTTPError, OSError) as exc:
         message = " ".join(str(exc).split())
         print(
             f"error: cannot read the API server: {message}; check the kubeconfig's server "

@@ -471,3 +471,17 @@ def test_occupancy_without_an_api_server_is_one_line_and_exit_2(tmp_path: Path) 
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "cannot read the API server" in out.stderr
     assert out.stdout == ""
+
+
+def test_occupancy_with_a_missing_kubeconfig_names_the_file_not_the_server(
+    tmp_path: Path,
+) -> None:
+    """The kubeconfig error was followed by "check the kubeconfig's server address and that
+    the API server runs", which points a user at the wrong problem."""
+    missing = tmp_path / "nonexistent"
+    out = subprocess.run(
+        [*CLI, "occupancy", "--kubeconfig", str(missing)], capture_output=True, text=True
+    )
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and f"kubeconfig {missing}: no such file" in out.stderr
+    assert "server address" not in out.stderr
