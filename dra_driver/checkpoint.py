@@ -49,6 +49,7 @@ from dra_driver.atomicfile import write_atomic
 from dra_driver.claimplan import ClaimPlan, ClaimRef, DevicePlan, plan_to_json
 from dra_driver.errors import DriverError, StartupError
 from dra_driver.gpus import Gpu
+from dra_driver.textlimits import shorten
 
 log = structlog.get_logger(__name__)
 
@@ -245,6 +246,17 @@ def read_boot_id(path: str = BOOT_ID_PATH) -> str:
         return "unknown"
 
 
+def _aside(path: Path) -> Path:
+    """Move a corrupt checkpoint to ``<name>.corrupt-<unix time>[-<n>]``, never over an earlier
+    one (a second corrupt file in the same second replaced the first); returns the new path.
+    Callers hold the prepare lock, so no other instance picks the same name meanwhile."""
+    stem, n = f"{path.name}.corrupt-{int(time.time())}", 0
+    while (kept := path.with_name(stem if n == 0 else f"{stem}-{n}")).exists():
+        n += 1
+    os.replace(path, kept)
+    return kept
+
+
 def parse(raw: bytes) -> dict[str, Any]:
     """Parse and verify checkpoint bytes (read-only; used by ``load`` and ``dra-driver status``).
 
@@ -256,8 +268,8 @@ def parse(raw: bytes) -> dict[str, Any]:
     """
     try:
         doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointFormatError(f"not JSON: {exc}") from exc
+    except (ValueError, RecursionError) as exc:  # bad JSON or UTF-8, 4300+ digits, deep nesting
+        raise CheckpointFormatError(f"not JSON: {shorten(str(exc))}") from exc
     if not isinstance(doc, dict):
         raise CheckpointFormatError(f"not a JSON object but {type(doc).__name__}")
     version = doc.get("version")
@@ -317,8 +329,7 @@ class Checkpoint:
                 for uid, record in doc["claims"].items()
             }
         except CheckpointFormatError as exc:
-            kept = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
-            os.replace(self.path, kept)
+            kept = _aside(self.path)
             raise CheckpointCorrupt(f"checkpoint {self.path} is corrupt ({exc})", kept) from exc
         self.claims = claims
         return True

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver import DEFAULT_DRIVER_NAME
+from dra_driver import DEFAULT_DRIVER_NAME, checkpoint
 from dra_driver.checkpoint import (
     VERSION,
     Checkpoint,
@@ -19,6 +19,7 @@ from dra_driver.checkpoint import (
     _checksum,
 )
 from dra_driver.claimplan import ClaimRef
+from dra_driver.cli import main
 from tests.support import claimfactory as cf
 from tests.support.fakes.plans import GIB, device, gpu, plan
 from tests.support.node import Node
@@ -307,3 +308,50 @@ def test_the_current_writer_writes_the_v1_fixture_format(mixed_node: Node) -> No
     written = json.loads((node.state_dir / "checkpoint.json").read_text())
     assert written["version"] == fixture["version"] == VERSION
     assert _shape(written) == _shape(fixture)
+
+
+GARBAGE = {
+    "deeply-nested": b"[" * 100_000 + b"]" * 100_000,  # RecursionError in json.loads
+    "5000-digit-int": b'{"version": ' + b"1" * 5000 + b"}",  # ValueError: int digit limit
+}
+
+
+@pytest.mark.parametrize("raw", GARBAGE.values(), ids=GARBAGE.keys())
+def test_garbage_that_json_refuses_otherwise_is_corrupt_and_kept_aside(
+    tmp_path: Path, raw: bytes
+) -> None:
+    """json.loads raises RecursionError or a plain ValueError for these, not JSONDecodeError:
+    they escaped load() and crashed the plugin's start-up."""
+    (tmp_path / "checkpoint.json").write_bytes(raw)
+    with pytest.raises(CheckpointCorrupt):
+        Checkpoint(tmp_path, "boot-1").load()
+    assert [p.read_bytes() for p in tmp_path.glob("checkpoint.json.corrupt-*")] == [raw]
+
+
+def test_plugin_start_survives_a_garbage_checkpoint(node: Node) -> None:
+    node.state_dir.mkdir(parents=True, exist_ok=True)
+    (node.state_dir / "checkpoint.json").write_bytes(GARBAGE["deeply-nested"])
+    node.driver().close()
+    assert list(node.state_dir.glob("checkpoint.json.corrupt-*"))
+
+
+def test_status_of_a_garbage_checkpoint_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "checkpoint.json").write_bytes(GARBAGE["5000-digit-int"])
+    assert main(["status", "--state-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is unusable: not JSON" in err
+
+
+def test_two_corrupt_files_in_one_second_are_both_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kept-aside name was the unix second alone; the second file replaced the first."""
+    monkeypatch.setattr(checkpoint.time, "time", lambda: 1_800_000_000.5)
+    for raw in (b"first{", b"second{"):
+        (tmp_path / "checkpoint.json").write_bytes(raw)
+        with pytest.raises(CheckpointCorrupt):
+            Checkpoint(tmp_path, "boot-1").load()
+    kept = sorted(p.read_bytes() for p in tmp_path.glob("checkpoint.json.corrupt-*"))
+    assert kept == [b"first{", b"second{"]
