@@ -485,3 +485,13 @@ def test_occupancy_with_a_missing_kubeconfig_names_the_file_not_the_server(
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and f"kubeconfig {missing}: no such file" in out.stderr
     assert "server address" not in out.stderr
+
+
+def test_status_of_a_garbage_checkpoint_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """A 5000-digit integer made json.loads raise a plain ValueError: a traceback."""
+    (tmp_path / "checkpoint.json").write_bytes(b'{"version": ' + b"1" * 5000 + b"}")
+    out = subprocess.run(
+        [*CLI, "status", "--state-dir", str(tmp_path)], capture_output=True, text=True
+    )
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "is unusable: not JSON" in out.stderr

@@ -19,7 +19,6 @@ from dra_driver.checkpoint import (
     _checksum,
 )
 from dra_driver.claimplan import ClaimRef
-from dra_driver.cli import main
 from tests.support import claimfactory as cf
 from tests.support.fakes.plans import GIB, device, gpu, plan
 from tests.support.node import Node
@@ -333,15 +332,6 @@ def test_plugin_start_survives_a_garbage_checkpoint(node: Node) -> None:
     (node.state_dir / "checkpoint.json").write_bytes(GARBAGE["deeply-nested"])
     node.driver().close()
     assert list(node.state_dir.glob("checkpoint.json.corrupt-*"))
-
-
-def test_status_of_a_garbage_checkpoint_is_one_line_and_exit_2(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    (tmp_path / "checkpoint.json").write_bytes(GARBAGE["5000-digit-int"])
-    assert main(["status", "--state-dir", str(tmp_path)]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "is unusable: not JSON" in err
 
 
 def test_two_corrupt_files_in_one_second_are_both_kept(
