@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import json
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -60,9 +61,30 @@ RBAC_HINT = (
 )
 
 
-def compact_json(doc: Mapping[str, Any]) -> bytes:
-    """``doc`` as Go clients send it: no spaces, keys in the order given, UTF-8 unescaped."""
-    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+_GO_ESCAPES = {
+    "&": "\\u0026",
+    "<": "\\u003c",
+    ">": "\\u003e",
+    "\u2028": "\\u2028",
+    "\u2029": "\\u2029",
+}
+"""What Go's encoding/json escapes inside strings (HTML-safe output, its default)."""
+
+
+def compact_json(doc: Mapping[str, Any], go_escapes: bool = False) -> bytes:
+    """``doc`` as Go clients send it: no spaces, keys in the order given, UTF-8 unescaped;
+    with ``go_escapes`` also ``&``, ``<``, ``>``, U+2028 and U+2029 written as ``\\u0026`` etc.,
+    as Go's encoding/json writes them (those characters occur only inside strings here)."""
+    text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+    if go_escapes:
+        text = re.sub("[&<>\u2028\u2029]", lambda m: _GO_ESCAPES[m.group()], text)
+    return text.encode()
+
+
+def _allocation_refused(exc: ApiException) -> bool:
+    """The API server's 422 for a ``status.allocation`` whose bytes differ from those stored."""
+    body = str(exc.body)
+    return exc.status == 422 and "status.allocation" in body and "cannot be modified" in body
 
 
 class ClaimStatusApi(Protocol):
@@ -107,7 +129,25 @@ class ApiClaimStatus:
 
     def replace(self, namespace: str, name: str, claim: Mapping[str, Any], timeout: float) -> None:
         """PUT the compact JSON (:func:`compact_json`) through the client's connection pool
-        and credentials (the generated method would re-encode the body with spaces)."""
+        and credentials (the generated method would re-encode the body with spaces).
+
+        The API server compares the allocation's opaque parameters with the bytes stored, which
+        are the bytes their writer sent; a read gives them back decoded, so how ``&``, ``<`` or
+        ``>`` were written is lost. Go clients (kubectl, helm, controllers) escape them, so that
+        form goes first; if the server refuses the allocation as modified, the unescaped form
+        (a Python or hand-written client's) follows. Claims without those characters are sent
+        once (both forms are the same).
+        """
+        escaped = compact_json(claim, go_escapes=True)
+        try:
+            self._put(namespace, name, escaped, timeout)
+        except ApiException as exc:
+            plain = compact_json(claim)
+            if plain == escaped or not _allocation_refused(exc):
+                raise
+            self._put(namespace, name, plain, timeout)
+
+    def _put(self, namespace: str, name: str, body: bytes, timeout: float) -> None:
         config = self._client.configuration
         path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}/status"
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
@@ -116,7 +156,7 @@ class ApiClaimStatus:
         resp = self._client.rest_client.pool_manager.request(
             "PUT",
             f"{config.host}{path}",
-            body=compact_json(claim),
+            body=body,
             headers=headers,
             timeout=Timeout(total=timeout),
             retries=False,

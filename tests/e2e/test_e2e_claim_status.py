@@ -19,11 +19,12 @@ from plugin_fixtures import (  # noqa: E402
     RELEASE_NAMESPACE,
     SM_SHARING_PRODUCT_GPUS,
     check_prepared,
+    claim_spec,
     wait_for,
 )
 
 from dra_driver.claimstatus import CONDITION_TYPE, with_entries  # noqa: E402
-from dra_driver.claimstatuswriter import ApiClaimStatus  # noqa: E402
+from dra_driver.claimstatuswriter import ApiClaimStatus, compact_json  # noqa: E402
 from tests.support.k8sschema import validate  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -109,6 +110,43 @@ def test_sm_sharing_claim_reports_its_active_thread_percentage(e2e: E2E) -> None
     assert entry["data"]["computeMode"] == "sm-sharing"
     assert entry["data"]["activeThreadPercentage"] == 40
     assert "at most 40% of the GPU's SMs" in entry["conditions"][0]["message"]
+
+
+def test_another_drivers_parameters_written_by_kubectl_survive_the_status_write(
+    e2e: E2E,
+) -> None:
+    """A claim template as kubectl (Go) writes it: another driver's opaque parameters with
+    ``&``, ``<`` and ``>``, which Go escapes as ``\\u0026``... The API server keeps those bytes
+    and compares the status update's allocation with them; the plugin's write once sent them
+    unescaped and every write of such a claim was refused with 422."""
+    spec = claim_spec("gpu-eighth", None, None, [ON_GPU.format(1)], None, None)
+    spec["devices"]["config"] = [
+        {
+            "requests": ["gpu"],
+            "opaque": {"driver": "other.example.com", "parameters": {"cmd": "a && b <x>"}},
+        }
+    ]
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "o"},
+        "spec": {"spec": spec},
+    }
+    config = e2e.api.configuration
+    path = f"/apis/resource.k8s.io/v1/namespaces/{e2e.namespace}/resourceclaimtemplates"
+    resp = e2e.api.rest_client.pool_manager.request(
+        "POST",
+        f"{config.host}{path}",
+        body=compact_json(body, go_escapes=True),
+        headers={"Content-Type": "application/json"},
+    )
+    assert resp.status == 201, resp.data
+    e2e.pod("o", e2e.nodes[0], templates={"gpu": "o"})
+    e2e.wait_running("o")
+    claim = written(e2e, "o")
+    assert our_entries(claim)[0]["data"]["computeMode"] == "time-slicing"
+    (other,) = claim["status"]["allocation"]["devices"]["config"]
+    assert other["opaque"]["parameters"] == {"cmd": "a && b <x>"}
 
 
 def plugin_token_client(e2e: E2E, node: str) -> ApiClaimStatus:

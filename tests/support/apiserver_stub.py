@@ -23,13 +23,18 @@ from dra_driver.claimreads import CLAIM_READERS
 _CLAIM_PATH = re.compile(r"^/apis/resource\.k8s\.io/v1/namespaces/([^/]+)/resourceclaims/([^/?]+)")
 
 
+ALLOCATION_MODIFIED = "status.allocation: Invalid value: null: field cannot be modified once set"
+"""kube-apiserver 1.37's message for a status update that changes the claim's allocation."""
+
+
 class StubError(Exception):
     """Answer the request with a Kubernetes ``Status`` failure."""
 
-    def __init__(self, status: int, reason: str) -> None:
+    def __init__(self, status: int, reason: str, message: str = "") -> None:
         super().__init__(f"{status} {reason}")
         self.status = status
         self.reason = reason
+        self.message = message
 
 
 class ApiStub:
@@ -68,6 +73,7 @@ class ApiStub:
                         "status": "Failure",
                         "reason": exc.reason,
                         "code": exc.status,
+                        **({"message": exc.message} if exc.message else {}),
                     }
                 data = json.dumps(reply).encode()
                 self.send_response(status)
@@ -171,18 +177,27 @@ class ClaimStatusServer(ClaimServer):
     (``PUT .../resourceclaims/<name>/status``), as the API server does: a body whose
     ``metadata.uid`` or ``metadata.resourceVersion`` differs from the stored claim's is refused
     with 409, and one whose ``status.allocation`` differs from the stored one (compared as the
-    raw bytes of each opaque ``parameters``, as the API server compares them) with 422; else the
-    body's status is stored and the resourceVersion bumped. ``updates`` records the raw body of
-    each PUT; ``update_failures`` lists HTTP statuses to answer the next PUTs with, one each."""
+    raw bytes of each opaque ``parameters``, as the API server compares them) with 422 and the
+    API server's message; else the body's status is stored and the resourceVersion bumped.
+    The stored bytes are those the claim's writer sent: by default a Go client's (compact,
+    ``&``, ``<``, ``>`` escaped as ``\\u0026``...), with ``go_client=False`` a client that
+    escapes nothing. ``updates`` records the raw body of each PUT; ``update_failures`` lists
+    HTTP statuses to answer the next PUTs with, one each."""
 
     def __init__(self) -> None:
         super().__init__()
         self.updates: list[bytes] = []
         self.update_failures: list[int] = []
+        self.stored_parameters: dict[tuple[str, str], list[bytes]] = {}
 
-    def add(self, claim: dict[str, Any]) -> None:
+    def add(self, claim: dict[str, Any], go_client: bool = True) -> None:
         claim["metadata"].setdefault("resourceVersion", "1")
         super().add(claim)
+        meta = claim["metadata"]
+        sent = _compact(claim)
+        if go_client:
+            sent = re.sub(rb"[&<>]", lambda m: b"\\u%04x" % ord(m.group()), sent)
+        self.stored_parameters[(meta["namespace"], meta["name"])] = _allocation_bytes(sent)
 
     def handle_raw(self, method: str, path: str, raw: bytes) -> tuple[int, Any]:
         m = _STATUS_PATH.match(path)
@@ -201,8 +216,8 @@ class ClaimStatusServer(ClaimServer):
             stored["metadata"]["resourceVersion"],
         ):
             raise StubError(409, "Conflict")
-        if _allocation_bytes(raw) != _allocation_bytes(_compact(stored)):
-            raise StubError(422, "Invalid")
+        if _allocation_bytes(raw) != self.stored_parameters[(m.group(1), m.group(2))]:
+            raise StubError(422, "Invalid", ALLOCATION_MODIFIED)
         stored["status"] = sent["status"]
         stored["metadata"]["resourceVersion"] = str(int(stored["metadata"]["resourceVersion"]) + 1)
         return 200, stored

@@ -241,6 +241,52 @@ def test_writer_sends_the_allocation_back_byte_for_byte(node: Node, api: ClaimSt
     assert json.dumps(params, sort_keys=True, separators=(",", ":")).encode() not in sent
 
 
+OTHER_DRIVER_CONFIG = {
+    "source": "FromClaim",
+    "opaque": {"driver": "other.example.com", "parameters": {"cmd": "a && b <x>"}},
+}
+"""Another driver's opaque parameters with characters Go's encoding/json escapes."""
+
+
+def other_driver_plan(
+    node: Node, api: ClaimStatusServer, go_client: bool
+) -> tuple[dict[str, Any], ClaimPlan]:
+    claim = cf.on_node(cf.claim([node.share(1, "quarter")], [OTHER_DRIVER_CONFIG]), NODE)
+    (plan,) = prepared(node, [copy.deepcopy(claim)])
+    api.add(claim, go_client=go_client)
+    return claim, plan
+
+
+def test_parameters_a_go_client_wrote_are_sent_back_escaped_as_it_wrote_them(
+    node: Node, api: ClaimStatusServer
+) -> None:
+    """kubectl wrote ``a \\u0026\\u0026 b \\u003cx\\u003e``; the read decodes it and a plain
+    re-encoding sends ``a && b <x>``, which kube-apiserver 1.37 refused with 422 'field cannot
+    be modified once set' (reproduced on the local control plane)."""
+    _, plan = other_driver_plan(node, api, go_client=True)
+    assert writer(api, plan).write(plan) == "written"
+    (sent,) = api.updates
+    assert b"a \\u0026\\u0026 b \\u003cx\\u003e" in sent
+
+
+def test_parameters_a_plain_client_wrote_are_sent_back_plain_after_the_refusal(
+    node: Node, api: ClaimStatusServer
+) -> None:
+    _, plan = other_driver_plan(node, api, go_client=False)
+    assert writer(api, plan).write(plan) == "written"
+    escaped, plain = api.updates
+    assert b"\\u0026" in escaped and b"a && b <x>" in plain
+
+
+def test_another_refusal_is_not_answered_with_the_other_encoding(
+    node: Node, api: ClaimStatusServer
+) -> None:
+    _, plan = other_driver_plan(node, api, go_client=True)
+    api.update_failures = [422]  # a 422 without the allocation's message
+    assert writer(api, plan).write(plan) == "failed"
+    assert len(api.updates) == 1
+
+
 def test_update_carries_the_in_cluster_bearer_token(node: Node, api: ClaimStatusServer) -> None:
     """In a pod the client's token is ``api_key["BearerToken"]`` (load_incluster_config); the
     update, sent outside the generated methods, must carry it as they do (it once did not, and
