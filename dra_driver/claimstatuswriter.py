@@ -27,7 +27,6 @@ from __future__ import annotations
 import copy
 import json
 import queue
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -61,14 +60,9 @@ RBAC_HINT = (
 )
 
 
-_GO_ESCAPES = {
-    "&": "\\u0026",
-    "<": "\\u003c",
-    ">": "\\u003e",
-    "\u2028": "\\u2028",
-    "\u2029": "\\u2029",
-}
-"""What Go's encoding/json escapes inside strings (HTML-safe output, its default)."""
+_GO_ESCAPES = {ord(c): f"\\u{ord(c):04x}" for c in "&<>\u2028\u2029"}
+"""What Go's encoding/json escapes inside strings (HTML-safe output, its default), as a
+``str.translate`` table: ``&`` -> ``\\u0026``."""
 
 
 def compact_json(doc: Mapping[str, Any], go_escapes: bool = False) -> bytes:
@@ -76,9 +70,7 @@ def compact_json(doc: Mapping[str, Any], go_escapes: bool = False) -> bytes:
     with ``go_escapes`` also ``&``, ``<``, ``>``, U+2028 and U+2029 written as ``\\u0026`` etc.,
     as Go's encoding/json writes them (those characters occur only inside strings here)."""
     text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
-    if go_escapes:
-        text = re.sub("[&<>\u2028\u2029]", lambda m: _GO_ESCAPES[m.group()], text)
-    return text.encode()
+    return (text.translate(_GO_ESCAPES) if go_escapes else text).encode()
 
 
 def _allocation_refused(exc: ApiException) -> bool:

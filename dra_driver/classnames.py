@@ -14,21 +14,27 @@ from dra_driver.vocabulary import COMPUTE_MODES, ComputeMode
 DEFAULT_COMPUTE_MODE = ComputeMode.TIME_SLICING
 """The mode whose classes carry no mode suffix (``gpu-quarter``)."""
 
-MODE_CLASS_SUFFIXES: tuple[str, ...] = tuple(
-    f"-{m}" for m in COMPUTE_MODES if m != DEFAULT_COMPUTE_MODE
-)
-"""Suffixes of the other modes' class and extended-resource names (``-sm-sharing``)."""
-
 CAPACITY_CLASS_STEM = "memory"
 """Stem of the capacity model's class names (``gpu-memory``); reserved as a product name."""
+
+
+def mode_suffix(compute_mode: str) -> str:
+    """What a mode adds to class and extended-resource names: nothing for the default mode,
+    ``-<mode>`` for the others (``-sm-sharing``)."""
+    return "" if compute_mode == DEFAULT_COMPUTE_MODE else f"-{compute_mode}"
+
+
+MODE_CLASS_SUFFIXES: tuple[str, ...] = tuple(
+    mode_suffix(m) for m in COMPUTE_MODES if m != DEFAULT_COMPUTE_MODE
+)
+"""Suffixes of the other modes' class and extended-resource names (``-sm-sharing``)."""
 
 
 def device_class_name(product: str | None, compute_mode: str) -> str:
     """Class name: ``gpu-<product>`` or ``gpu-memory`` (product None), plus ``-<mode>`` for a
     mode other than time-slicing. At most 55 characters for valid product names."""
     stem = product if product is not None else CAPACITY_CLASS_STEM
-    base = f"gpu-{stem}"
-    return base if compute_mode == DEFAULT_COMPUTE_MODE else f"{base}-{compute_mode}"
+    return f"gpu-{stem}{mode_suffix(compute_mode)}"
 
 
 def label_value(text: str) -> str:
@@ -39,8 +45,7 @@ def label_value(text: str) -> str:
 def extended_resource_name(driver: str, compute_mode: str, product: str) -> str:
     """``<driver>/<product>`` (time-slicing) or ``<driver>/<product>-<mode>``: the extended
     resource a pod may request instead of a claim (``resources.limits``)."""
-    suffix = "" if compute_mode == DEFAULT_COMPUTE_MODE else f"-{compute_mode}"
-    return f"{driver}/{product}{suffix}"
+    return f"{driver}/{product}{mode_suffix(compute_mode)}"
 
 
 def product_name_problem(name: str) -> str | None:

@@ -4,6 +4,7 @@ module, so the pure core can be read and tested on its own (docs/architecture.md
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 import dra_driver
@@ -49,31 +50,35 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path) -> set[str]:
-    """Project modules ``path`` imports (``from dra_driver.x import y`` counts x and x.y)."""
-    found: set[str] = set()
+def _project_imports(path: Path) -> Iterator[tuple[str, list[str]]]:
+    """``(module, names)`` of each project import in ``path``: ``from x import a, b`` gives
+    ``(x, [a, b])``, ``import x.y`` gives ``(x.y, [])``."""
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.startswith("dra_driver"))
+            yield from ((a.name, []) for a in node.names if a.name.startswith("dra_driver"))
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dra_driver"):
             assert node.module is not None
-            found.add(node.module)
-            found.update(f"{node.module}.{a.name}" for a in node.names)
-    return found
+            yield node.module, [a.name for a in node.names]
+
+
+def _imports(path: Path) -> set[str]:
+    """Project modules ``path`` imports (``from dra_driver.x import y`` counts x and x.y)."""
+    return {
+        m
+        for module, names in _project_imports(path)
+        for m in (module, *(f"{module}.{n}" for n in names))
+    }
 
 
 def _imported_modules(path: Path, modules: set[str]) -> set[str]:
     """Project modules whose code runs when ``path`` is imported: ``from pkg import sub`` of a
     submodule counts ``pkg.sub`` alone (the package is already being initialised)."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name in modules)
-        elif isinstance(node, ast.ImportFrom) and node.module in modules:
-            subs = {f"{node.module}.{a.name}" for a in node.names} & modules
-            found.update(subs)
-            if len(subs) < len(node.names):
-                found.add(node.module)
+    for module, names in _project_imports(path):
+        subs = {f"{module}.{n}" for n in names} & modules
+        found |= subs
+        if module in modules and (not names or len(subs) < len(names)):
+            found.add(module)
     return found
 
 
