@@ -138,6 +138,16 @@ class Field:
             raise self._expected("a string")
         return self.value
 
+    def boolean(self) -> bool:
+        """The value of a required boolean.
+
+        Raises:
+            PrepareError: it is missing or not ``true``/``false``.
+        """
+        if not isinstance(self.value, bool):
+            raise self._expected("a boolean")
+        return self.value
+
     def optional_string(self) -> str | None:
         """The value of an optional string, ``None`` when absent.
 

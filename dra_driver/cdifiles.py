@@ -74,6 +74,11 @@ def remove_spec(cdi_root: str | Path, vendor: str, claim_uid: str) -> bool:
     return True
 
 
+ADMIN_ENV = ("GPU_FRACTION_ADMIN_ACCESS=true",)
+"""What an admin-access device's containers get besides the GPU's device nodes: no MPS pipe,
+no memory variables (monitoring access, e.g. ``nvidia-smi``)."""
+
+
 def write_claim_spec(
     cdi_root: Path,
     driver_name: str,
@@ -92,7 +97,7 @@ def write_claim_spec(
     prepared = []
     for d in plan.devices:
         name = cdi.device_name(plan.claim.uid, d.device, d.share_id)
-        extra = edits.get(d.key, cdi.ContainerEdits())
+        extra = edits.get(d.key, cdi.ContainerEdits(env=ADMIN_ENV if d.admin_access else ()))
         nodes = tuple(
             cdi.DeviceNode(p, str(device_root / p.lstrip("/")))
             for p in (d.gpu.device_node, *cdi.CONTROL_DEVICE_NODES)

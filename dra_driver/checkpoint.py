@@ -12,7 +12,8 @@ File format (JSON), version 1::
     DEVICE_PLAN = {"request_names": [str], "pool": str, "device": str,
                    "share_id"?: str | null, "gpu": GPU, "compute_mode": str,
                    "memory_request_bytes": int, "memory_limit_bytes": int,
-                   "active_thread_percentage"?: int | null}
+                   "active_thread_percentage"?: int | null,
+                   "admin_access"?: bool (written only when true)}
     GPU         = {"index": int, "minor": int, "uuid": str, "memory_bytes": int,
                    "name"?: str, "sm_count"?: int, "compute_capability"?: str,
                    "architecture"?: str, "pci_bus_id"?: str, "mig_enabled"?: bool,
@@ -169,6 +170,7 @@ def _device_plan_v1(doc: Mapping[str, Any], where: str) -> DevicePlan:
         memory_request_bytes=_value(doc, "memory_request_bytes", int, where),
         memory_limit_bytes=_value(doc, "memory_limit_bytes", int, where),
         active_thread_percentage=_value(doc, "active_thread_percentage", int, where, None),
+        admin_access=_value(doc, "admin_access", bool, where, False),
     )
 
 

@@ -3,26 +3,33 @@
 No I/O here. :func:`plan_claim` turns the ResourceClaim (API JSON, as read from the API
 server) into a :class:`ClaimPlan`: for each device allocated to this driver on this node,
 the GPU, the memory request and ceiling (bytes), the compute mode and the SM percentage.
+The allocation is read by :mod:`dra_driver.allocation`; caps come from
+:mod:`dra_driver.claimcaps`.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from fractions import Fraction
 from typing import Any
 
+from dra_driver.allocation import AllocationResult, parameters_for, read_allocation
 from dra_driver.apijson import Field
+from dra_driver.claimcaps import CapPolicy, memory_ceiling_cap, thread_cap
 from dra_driver.devices import FractionDevice, product_memory_bytes
 from dra_driver.gpus.model import Gpu
-from dra_driver.ids import DNS_LABEL, DNS_LABEL_RULE, PrepareError, is_dns_label, validate_uid
-from dra_driver.params import ClaimParameters, parse_parameters, quantity_bytes
+from dra_driver.ids import PrepareError, validate_uid
+from dra_driver.params import ClaimLimits, ClaimParameters, quantity_bytes
 from dra_driver.quantities import QuantityError, canonical_quantity, quantity_decimal
 from dra_driver.textlimits import shown
 from dra_driver.vocabulary import ComputeMode, FractionModel
 
+NO_NODE_CAPS = CapPolicy()
+"""A node without ``claimLimits`` and the default SM ceiling 100."""
+
 __all__ = [
+    "CapPolicy",
     "ClaimPlan",
     "ClaimRef",
     "DevicePlan",
@@ -32,10 +39,6 @@ __all__ = [
     "plan_to_json",
     "validate_uid",
 ]
-
-_REQUEST_NAME = re.compile(f"{DNS_LABEL.pattern}(/{DNS_LABEL.pattern})?")
-"""A request name, or ``<request>/<subrequest>`` (each an RFC 1123 label)."""
-CONFIG_SOURCES = ("FromClass", "FromClaim")
 
 
 @dataclass(frozen=True)
@@ -58,9 +61,13 @@ class DevicePlan:
         share_id: allocation ``shareID`` (consumable capacity) or None.
         gpu: the physical GPU.
         compute_mode: ``time-slicing`` | ``sm-sharing`` (the GPU's mode).
-        memory_request_bytes: guaranteed memory (soft limit), bytes.
-        memory_limit_bytes: ceiling (hard limit), bytes; request <= limit <= card memory.
-        active_thread_percentage: SM ceiling 1..100 (sm-sharing) or None.
+        memory_request_bytes: guaranteed memory (soft limit), bytes; 0 with admin access.
+        memory_limit_bytes: ceiling (hard limit), bytes; request <= limit <= card memory; 0
+            with admin access.
+        active_thread_percentage: SM ceiling 1..100 (sm-sharing) or None (the node's
+            default).
+        admin_access: the request has ``adminAccess: true`` (monitoring access to the GPU:
+            no MPS namespace, no memory; the scheduler does not count it either).
     """
 
     request_names: tuple[str, ...]
@@ -72,6 +79,7 @@ class DevicePlan:
     memory_request_bytes: int
     memory_limit_bytes: int
     active_thread_percentage: int | None
+    admin_access: bool = False
 
     @property
     def key(self) -> str:
@@ -87,136 +95,48 @@ class ClaimPlan:
     devices: tuple[DevicePlan, ...]
 
 
-@dataclass(frozen=True)
-class AllocationResult:
-    """One entry of ``status.allocation.devices.results`` for our driver, type-checked.
-
-    Attributes:
-        path: where it is in the claim, for messages.
-        request: request name (``<request>`` or ``<request>/<subrequest>``).
-        pool: pool name as allocated.
-        device: device name as allocated.
-        share_id: ``shareID`` (which share of a device that allows multiple allocations).
-        consumed_memory: ``consumedCapacity.memory`` (a quantity string) or None.
-        consumed_slots: ``consumedCapacity.slots`` (a quantity string) or None.
-    """
-
-    path: str
-    request: str
-    pool: str
-    device: str
-    share_id: str | None
-    consumed_memory: str | None
-    consumed_slots: str | None = None
-
-
-@dataclass(frozen=True)
-class DeviceConfig:
-    """One entry of ``status.allocation.devices.config`` for our driver, type-checked.
-
-    Attributes:
-        index: position in the list (messages name it).
-        from_class: ``source`` is ``FromClass`` (else ``FromClaim``).
-        requests: the requests it applies to (empty: all).
-        parameters: the raw ``opaque.parameters`` (checked by :func:`parse_parameters`).
-    """
-
-    index: int
-    from_class: bool
-    requests: tuple[str, ...]
-    parameters: Any
-
-
-def _applies(config: DeviceConfig, request: str) -> bool:
-    parent = request.split("/", 1)[0]
-    return not config.requests or request in config.requests or parent in config.requests
-
-
-def _parameters_for(configs: list[DeviceConfig], request: str) -> ClaimParameters:
-    params = ClaimParameters()
-    for config in sorted(configs, key=lambda c: (not c.from_class, c.index)):
-        if not _applies(config, request):
-            continue
-        source = "class" if config.from_class else "claim"
-        where = f"{source} config #{config.index} for request {request!r}"
-        params = params.merged(parse_parameters(config.parameters, where))
-    return params
-
-
-def _result(field: Field) -> AllocationResult:
-    """Type-check one allocation result of our driver."""
-    request = field["request"].string()
-    if not _REQUEST_NAME.fullmatch(request):
-        raise field["request"].error(
-            f"{shown(request)} is not a request name (a DNS label, or <request>/<subrequest>)"
-        )
-    share = field["shareID"]
-    share_id = share.optional_string()
-    if share_id is not None and not is_dns_label(share_id):
-        raise share.error(f"{shown(share_id)} is not a DNS label ({DNS_LABEL_RULE})")
-    return AllocationResult(
-        path=field.path,
-        request=request,
-        pool=field["pool"].string(),
-        device=field["device"].string(),
-        share_id=share_id,
-        consumed_memory=field["consumedCapacity"]["memory"].optional_string(),
-        consumed_slots=field["consumedCapacity"]["slots"].optional_string(),
-    )
-
-
-def _config(field: Field, index: int, driver: str) -> DeviceConfig | None:
-    """Type-check one config entry; None when it is not for ``driver``."""
-    source = field["source"].string()
-    if source not in CONFIG_SOURCES:
-        raise field["source"].error(f"{shown(source)} must be FromClass or FromClaim")
-    requests = tuple(r.string() for r in field["requests"].items())
-    opaque = field["opaque"]
-    if opaque.absent or opaque["driver"].string() != driver:
-        return None
-    return DeviceConfig(index, source == "FromClass", requests, opaque["parameters"].raw)
-
-
-def _allocation(
-    claim: Field, driver: str
-) -> tuple[list[AllocationResult], list[DeviceConfig]] | None:
-    """Our driver's results and configs; None when the claim is not allocated.
-
-    Raises:
-        PrepareError: a field on the way has the wrong JSON type or is malformed.
-    """
-    allocation = claim["status"]["allocation"]
-    if allocation.absent or not allocation.object():
-        return None
-    devices = allocation["devices"]
-    results = [_result(r) for r in devices["results"].items() if r["driver"].string() == driver]
-    configs = [_config(c, i, driver) for i, c in enumerate(devices["config"].items())]
-    return results, [c for c in configs if c is not None]
-
-
 def _consumed_memory(result: AllocationResult) -> int | None:
     if result.consumed_memory is None:
         return None
     return quantity_bytes(result.consumed_memory, f"{result.path}.consumedCapacity.memory")
 
 
+def device_capacity(fraction: FractionDevice) -> str:
+    """The consumable capacity ``fraction`` publishes: ``memory`` (capacity model, bytes) or
+    ``slots`` (products model)."""
+    return "memory" if fraction.fraction_model == FractionModel.CAPACITY else "slots"
+
+
 def _requested_memory(result: AllocationResult, fraction: FractionDevice) -> int:
     """Bytes the allocation gives the claim on ``fraction``: its consumed ``slots`` as a share
-    of the card (products; rounded down to a whole MiB, like a product), its consumed
-    ``memory`` (capacity), or the device's own memory when nothing was consumed (a device of
-    an older version without capacity).
+    of the card (products; rounded down to a whole MiB, like a product) or its consumed
+    ``memory`` (capacity).
 
     Raises:
         ParameterError: a consumed memory amount that is not a positive quantity.
-        PrepareError: consumed slots that are not whole or no size of the device.
+        PrepareError: a consumed capacity the device does not publish, none of the one it
+            does (the scheduler always records it for a device with a capacity), or consumed
+            slots that are not whole or no size of the device.
     """
+    name = device_capacity(fraction)
+    where = f"{result.path}.consumedCapacity"
+    foreign = [c for c in result.consumed if c != name]
+    if foreign:
+        raise PrepareError(
+            f"{where}: device {fraction.name} has no capacity {shown(', '.join(foreign))}; its "
+            f"only capacity is {name!r}. The allocation is malformed: re-create the claim"
+        )
+    if name not in result.consumed:
+        raise PrepareError(
+            f"{where}: missing {name!r}; device {fraction.name} is shared by its {name}, and "
+            "the scheduler records what each share consumes. Re-create the claim"
+        )
     if fraction.fraction_model == FractionModel.CAPACITY:
         consumed = _consumed_memory(result)
-        return consumed if consumed is not None else fraction.memory_bytes
-    if result.consumed_slots is None or not fraction.slots:
-        return fraction.memory_bytes
-    where = f"{result.path}.consumedCapacity.slots"
-    slots = _consumed_slots(result.consumed_slots, where, fraction)
+        assert consumed is not None
+        return consumed
+    assert result.consumed_slots is not None
+    slots = _consumed_slots(result.consumed_slots, f"{where}.slots", fraction)
     return product_memory_bytes(fraction.gpu, Fraction(slots, fraction.slots))
 
 
@@ -243,13 +163,33 @@ def _consumed_slots(value: str, where: str, fraction: FractionDevice) -> int:
     return int(amount)
 
 
+def _plan_admin(result: AllocationResult, fraction: FractionDevice) -> DevicePlan:
+    """Monitoring access to the GPU (``adminAccess: true``): no memory, no MPS namespace."""
+    return DevicePlan(
+        request_names=(result.request,),
+        pool=result.pool,
+        device=fraction.name,
+        share_id=result.share_id,
+        gpu=fraction.gpu,
+        compute_mode=fraction.compute_mode,
+        memory_request_bytes=0,
+        memory_limit_bytes=0,
+        active_thread_percentage=None,
+        admin_access=True,
+    )
+
+
 def _plan_device(
     result: AllocationResult,
     fraction: FractionDevice,
     params: ClaimParameters,
+    class_caps: ClaimLimits,
+    policy: CapPolicy,
 ) -> DevicePlan:
     gpu = fraction.gpu
     where = f"device {fraction.name} (GPU {gpu.index}, {gpu.uuid})"
+    if result.admin_access:
+        return _plan_admin(result, fraction)
     if result.share_id is None:
         raise PrepareError(
             f"{where} allows multiple allocations, yet {result.path} has no shareID (the "
@@ -288,6 +228,24 @@ def _plan_device(
             f"{where}: memory limit {canonical_quantity(limit)} exceeds the card's "
             f"{canonical_quantity(card)}"
         )
+    cap, why = memory_ceiling_cap(card, request, class_caps, params.limits, policy.node)
+    if limit > cap:
+        raise PrepareError(
+            f"{where}: memory limit {canonical_quantity(limit)} exceeds the cap "
+            f"{canonical_quantity(cap)} ({why}); ask for at most that, or ask a cluster admin "
+            "for a class that allows more"
+        )
+    threads = params.active_thread_percentage
+    if fraction.compute_mode == ComputeMode.SM_SHARING:
+        most = thread_cap(class_caps, params.limits, policy.node)
+        if most is not None and threads is not None and threads > most:
+            raise PrepareError(
+                f"{where}: activeThreadPercentage {threads} exceeds the cap {most} "
+                "(maxActiveThreadPercentage of the claim's DeviceClass or the node); ask for at "
+                "most that"
+            )
+        if most is not None and threads is None and policy.default_threads > most:
+            threads = most
     return DevicePlan(
         request_names=(result.request,),
         pool=result.pool,
@@ -297,7 +255,7 @@ def _plan_device(
         compute_mode=fraction.compute_mode,
         memory_request_bytes=request,
         memory_limit_bytes=limit,
-        active_thread_percentage=params.active_thread_percentage,
+        active_thread_percentage=threads,
     )
 
 
@@ -307,6 +265,7 @@ def plan_claim(
     driver: str,
     pool: str,
     devices: Mapping[str, FractionDevice],
+    policy: CapPolicy = NO_NODE_CAPS,
 ) -> ClaimPlan:
     """Decide what to enforce for one claim.
 
@@ -316,14 +275,17 @@ def plan_claim(
         driver: our driver name; results of other drivers are ignored.
         pool: our pool name (the node name).
         devices: this node's fraction devices by name (from ``offer.offered_devices``).
+        policy: the node's caps and default SM ceiling (class caps come with the claim).
 
     Raises:
         PrepareError: a field of the wrong JSON type (the message names its path), UID
             mismatch or malformed, not allocated, no results for this driver, a result for
-            another pool or an unknown device, a share ID that is not a DNS label or is on a
-            device that does not allow multiple allocations, malformed or
-            contradictory parameters (limit below request or above the card, a mode other
-            than the GPU's, an SM percentage on a time-slicing GPU).
+            another pool or an unknown device, a share ID that is not a DNS label, missing
+            or given twice in the claim, a consumed capacity the device does not publish (or
+            none), malformed or contradictory parameters (limit below request or above the
+            card, a mode other than the GPU's, an SM percentage on a time-slicing GPU), a
+            ceiling or SM percentage above its cap (:func:`memory_ceiling_cap`,
+            :func:`thread_cap`).
     """
     validate_uid(ref.uid)
     who = f"claim {ref.namespace}/{ref.name}"
@@ -335,13 +297,14 @@ def plan_claim(
             f"{who} has UID {shown(uid)}, kubelet asked for {ref.uid!r} (the claim was deleted "
             "and recreated); the pod must be recreated"
         )
-    allocation = _allocation(root, driver)
+    allocation = read_allocation(root, driver)
     if allocation is None:
         raise PrepareError(f"{who} is not allocated")
     results, configs = allocation
     if not results:
         raise PrepareError(f"{who} has no allocation results for driver {driver}")
     plans: dict[tuple[str, str | None], DevicePlan] = {}
+    paths: dict[tuple[str, str | None], str] = {}
     for result in results:
         if result.pool != pool:
             raise PrepareError(
@@ -354,24 +317,29 @@ def plan_claim(
                 f"device {shown(result.device)} is not on this node any more (GPU removed or "
                 "reconfigured)"
             )
-        params = _parameters_for(configs, result.request)
-        plan = _plan_device(result, fraction, params)
+        params = parameters_for(configs, result.request)
+        class_caps = parameters_for(configs, result.request, from_class=True).limits
+        plan = _plan_device(result, fraction, params, class_caps, policy)
         key = (plan.device, plan.share_id)
         if key in plans:
-            previous = plans[key]
-            plan = DevicePlan(
-                **{
-                    **previous.__dict__,
-                    "request_names": previous.request_names + plan.request_names,
-                }
+            raise PrepareError(
+                f"{who}: {paths[key]} and {result.path} are both share {shown(plan.share_id)} of "
+                f"device {plan.device}; the scheduler gives every share its own ID, so the "
+                "allocation is malformed (each share would be counted once). Re-create the claim"
             )
         plans[key] = plan
+        paths[key] = result.path
     return ClaimPlan(claim=ref, devices=tuple(plans.values()))
 
 
 def plan_to_json(plan: ClaimPlan) -> dict[str, Any]:
-    """Serialize a plan for the checkpoint (plain JSON types)."""
-    return asdict(plan)
+    """Serialize a plan for the checkpoint (plain JSON types). ``admin_access`` is written only
+    when true: records of ordinary claims keep the released v1 shape."""
+    doc = asdict(plan)
+    for device in doc["devices"]:
+        if not device["admin_access"]:
+            del device["admin_access"]
+    return doc
 
 
 def _known(cls: type, doc: Mapping[str, Any]) -> dict[str, Any]:

@@ -118,6 +118,8 @@ def device_status(
         now: ``lastTransitionTime`` of the condition (RFC 3339, e.g. ``2026-12-01T10:00:00Z``).
         default_percentage: active thread percentage of sm-sharing claims that set none.
     """
+    if plan.admin_access:
+        return _admin_status(plan, driver, now)
     tier = enforcement.tier
     percentage = active_thread_percentage(plan, default_percentage)
     data: dict[str, Any] = {
@@ -144,6 +146,31 @@ def device_status(
             "status": "True" if tier == Tier.HARD else "False",
             "reason": _REASONS[tier],
             "message": condition_message(plan, enforcement, percentage),
+            "lastTransitionTime": now,
+        }
+    ]
+    return entry
+
+
+def _admin_status(plan: DevicePlan, driver: str, now: str) -> dict[str, Any]:
+    """The entry of an admin-access device: monitoring access, no fraction."""
+    where = f"GPU {plan.gpu.index} ({plan.gpu.name}, {plan.gpu.uuid})"
+    entry: dict[str, Any] = {"driver": driver, "pool": plan.pool, "device": plan.device}
+    if plan.share_id:
+        entry["shareID"] = plan.share_id
+    entry["data"] = {
+        "gpu": {"uuid": plan.gpu.uuid, "index": plan.gpu.index, "productName": plan.gpu.name},
+        "access": "admin",
+    }
+    entry["conditions"] = [
+        {
+            "type": CONDITION_TYPE,
+            "status": "False",
+            "reason": "AdminAccess",
+            "message": (
+                f"admin access to {where}: its device nodes for monitoring, no MPS namespace "
+                "and no memory ceiling; the scheduler does not count it against the GPU"
+            ),
             "lastTransitionTime": now,
         }
     ]

@@ -15,6 +15,7 @@ from fractions import Fraction
 import structlog
 
 from dra_driver.gpus.model import MIB, Gpu
+from dra_driver.params import ClaimLimits
 from dra_driver.vocabulary import AUTO_COMPUTE_MODE, COMPUTE_MODES, ComputeMode, FractionModel
 
 API_VERSION = "gpu-fraction.dra.dev/v1alpha1"
@@ -76,14 +77,19 @@ class CapacityPolicy:
     Attributes:
         minimum: smallest request; smaller requests are rounded up to it by the scheduler.
         step: requests are rounded up to ``minimum + n * step``.
-        default: amount a claim gets when it names no ``memory`` request; None means the whole
-            card (the largest on-grid amount), so a claim that does not say how much it needs is
-            never silently capped below the card.
+        default: amount a claim gets when it names no ``memory`` request; None means
+            ``minimum``: quota counts a claim as one device whatever it consumes, so a claim
+            that does not say how much it needs gets the least, never the card.
     """
 
     minimum: int = 1024 * MIB
     step: int = 256 * MIB
     default: int | None = None
+
+
+WHOLE_CARD = 2**63 - 1
+"""``capacity.default: full``: more than any card, so the policy's default is its largest
+on-grid amount (:func:`dra_driver.offer.capacity_request_policy`)."""
 
 
 DEFAULT_PRODUCTS = (
@@ -175,12 +181,16 @@ class NodeConfig:
         extended_resources: publish, per GPU, mode and product, a device that an extended
             resource request (``gpu-fraction.dra.dev/quarter: 1``) can take
             (``extendedResources``).
+        claim_limits: the node's default caps on what a claim may ask (``claimLimits``),
+            for claims whose class sets none; without a memory cap a claim's ceiling is its
+            request (no burst into its neighbours' memory).
     """
 
     defaults: GpuConfig = GpuConfig()
     gpus: tuple[GpuOverride, ...] = ()
     slots_per_gpu: int | None = None
     extended_resources: bool = False
+    claim_limits: ClaimLimits = ClaimLimits()
 
     @property
     def slots(self) -> int:
@@ -254,7 +264,7 @@ class NodeConfig:
 def default_node_config() -> NodeConfig:
     """The configuration used without a file: products eighth/quarter/half/full on every GPU,
     compute mode ``auto`` (follows the claims), capacity policy minimum 1Gi, step 256Mi,
-    default the whole card."""
+    default the minimum."""
     return NodeConfig()
 
 

@@ -9,7 +9,7 @@ UTF-8 is an error naming the file. Quantities use :mod:`dra_driver.quantities`.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from dra_driver.config import (
     MAX_PORTION_DENOMINATOR,
     MAX_PRODUCTS,
     MAX_SLOTS,
+    WHOLE_CARD,
     CapacityPolicy,
     GpuConfig,
     GpuOverride,
@@ -36,10 +37,12 @@ from dra_driver.config import (
 from dra_driver.config import (
     MAX_PRODUCT_NAME_LENGTH as MAX_NAME,
 )
-from dra_driver.errors import DriverError, StartupError
+from dra_driver.errors import StartupError
 from dra_driver.gpus.model import MIB
 from dra_driver.ids import is_dns_label
+from dra_driver.params import CAP_FIELDS, ClaimLimits, ParameterError, parse_limits
 from dra_driver.quantities import QuantityError, canonical_quantity, quantity_value
+from dra_driver.strictyaml import DuplicateKeyError, strict_yaml
 from dra_driver.textlimits import shorten
 from dra_driver.vocabulary import (
     AUTO_COMPUTE_MODE,
@@ -71,34 +74,6 @@ def parse_bytes(value: object, where: str) -> int:
     if amount < 0 or amount.denominator != 1:
         raise ConfigError(f"{where}: {value!r} must be a whole, non-negative number of bytes")
     return int(amount)
-
-
-class _DuplicateKeyError(DriverError, yaml.YAMLError):
-    """A mapping names one key twice (PyYAML would keep the last silently)."""
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a key given twice in one mapping.
-
-    Keys merged in with ``<<: *anchor`` may be overridden by an explicit key (that is what
-    merge keys are for); only explicit keys are compared.
-    """
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        first_line: dict[Hashable, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=True)
-            if not isinstance(key, Hashable):
-                continue  # SafeLoader reports unhashable keys itself
-            line = key_node.start_mark.line + 1
-            if key in first_line:
-                raise _DuplicateKeyError(
-                    f"line {line}: duplicate key {key!r} (first at line {first_line[key]})"
-                )
-            first_line[key] = line
-        return super().construct_mapping(node, deep=deep)
 
 
 def load_node_config(path: str | None) -> NodeConfig:
@@ -134,8 +109,8 @@ def parse_node_config_text(text: str, source: str = "<node-config>") -> NodeConf
             invalid configuration, prefixed with ``source``.
     """
     try:
-        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
-    except _DuplicateKeyError as exc:
+        data = strict_yaml(text)
+    except DuplicateKeyError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML: {exc}") from None
@@ -169,6 +144,7 @@ def _parse(data: object) -> NodeConfig:
             "gpus",
             "slotsPerGpu",
             "extendedResources",
+            "claimLimits",
         },
     )
     if doc.get("apiVersion") != API_VERSION:
@@ -214,10 +190,19 @@ def _parse(data: object) -> NodeConfig:
         gpus=overrides,
         slots_per_gpu=_slots_per_gpu(doc["slotsPerGpu"]) if "slotsPerGpu" in doc else None,
         extended_resources=_flag(doc.get("extendedResources", False), "extendedResources"),
+        claim_limits=_claim_limits(doc.get("claimLimits", {})),
     )
     _check_product_names_consistent(config)
     _check_slots(config)
     return config
+
+
+def _claim_limits(value: object) -> ClaimLimits:
+    raw = _mapping(value, "claimLimits", set(CAP_FIELDS))
+    try:
+        return parse_limits(raw, "claimLimits")
+    except ParameterError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _slots_per_gpu(value: object) -> int:
@@ -327,7 +312,9 @@ def _capacity(value: object, where: str) -> dict[str, int | None]:
             out[key] = amount
     if "default" in raw:
         default = raw["default"]
-        out["default"] = None if default == "full" else parse_bytes(default, f"{where}.default")
+        out["default"] = (
+            WHOLE_CARD if default == "full" else parse_bytes(default, f"{where}.default")
+        )
     return out
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -43,6 +43,7 @@ from dra_driver.classnames import (
 )
 from dra_driver.config import NodeConfig, default_node_config
 from dra_driver.errors import UsageError
+from dra_driver.params import PARAMS_API_VERSION, PARAMS_KIND
 from dra_driver.sizing import sizing_policy
 from dra_driver.vocabulary import ANY_PRODUCT, COMPUTE_MODES, FractionModel
 
@@ -78,10 +79,16 @@ def selector_expression(
 
 
 def device_class(
-    driver: str, compute_mode: str, product: str | None, extended_resources: bool = False
+    driver: str,
+    compute_mode: str,
+    product: str | None,
+    extended_resources: bool = False,
+    limits: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One DeviceClass body (API JSON) for a product (None: the capacity model) and mode;
-    product classes carry an ``extendedResourceName`` when ``extended_resources``."""
+    product classes carry an ``extendedResourceName`` when ``extended_resources``. ``limits``
+    (the caps of :data:`dra_driver.params.CAP_FIELDS`, as written) become the class's opaque
+    config, which a claim's own parameters cannot raise (chart value ``classLimits``)."""
     labels = {
         "app.kubernetes.io/part-of": label_value(driver),
         f"{driver}/fraction-model": str(
@@ -104,6 +111,9 @@ def device_class(
     }
     if product is not None and extended_resources:
         spec["extendedResourceName"] = extended_resource_name(driver, compute_mode, product)
+    if limits:
+        parameters = {"apiVersion": PARAMS_API_VERSION, "kind": PARAMS_KIND, **limits}
+        spec["config"] = [{"opaque": {"driver": driver, "parameters": parameters}}]
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "DeviceClass",
@@ -117,13 +127,15 @@ def build_device_classes(
     driver: str = DEFAULT_DRIVER_NAME,
     compute_modes: Sequence[str] = COMPUTE_MODES,
     include_capacity: bool = True,
+    class_limits: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """DeviceClasses for every product of ``config`` (defaults and per-GPU overrides) in each
     of ``compute_modes``, then the capacity classes (if ``include_capacity``).
 
     Classes are cluster-wide while configurations are per node, so by default every compute
     mode and the capacity model get classes whether or not this configuration uses them; a
-    class that matches no device is harmless.
+    class that matches no device is harmless. ``class_limits``: class name -> its caps
+    (see :func:`device_class`).
 
     Raises:
         UsageError: for an unknown compute mode.
@@ -133,13 +145,23 @@ def build_device_classes(
     for mode in compute_modes:
         if mode not in COMPUTE_MODES:
             raise UsageError(f"unknown compute mode {mode!r}; known: {', '.join(COMPUTE_MODES)}")
+    limits = class_limits or {}
     classes = [
-        device_class(driver, mode, product.name, extended)
+        device_class(
+            driver,
+            mode,
+            product.name,
+            extended,
+            limits.get(device_class_name(product.name, mode)),
+        )
         for product in config.all_products()
         for mode in compute_modes
     ]
     if include_capacity:
-        classes += [device_class(driver, mode, None) for mode in compute_modes]
+        classes += [
+            device_class(driver, mode, None, limits=limits.get(device_class_name(None, mode)))
+            for mode in compute_modes
+        ]
     return classes
 
 

@@ -38,6 +38,8 @@ class FractionDevice:
         slots: products model: slots of the whole GPU (``slotsPerGpu``), else 0.
         sizes: products model: the slot counts a claim may take (one per offered product,
             ascending; the ``validValues`` of the ``slots`` capacity), else empty.
+        default_size: products model: the slots a claim that names none consumes (the
+            ``requestPolicy.default`` of ``slots``, see :func:`dra_driver.offer.offer`), else 0.
     """
 
     name: str
@@ -50,6 +52,7 @@ class FractionDevice:
     counter_set: str | None = None
     slots: int = 0
     sizes: tuple[int, ...] = ()
+    default_size: int = 0
 
 
 @dataclass(frozen=True)

@@ -64,14 +64,16 @@ def capacity_request_policy(memory_bytes: int, policy: CapacityPolicy) -> dict[s
     ``minimum + step`` exceeds the card (the API rejects such a range; the GPU is not offered).
 
     ``validRange.max`` is the largest ``minimum + n * step`` within the card; ``default`` is the
-    configured default rounded up to the grid (at most ``max``), or ``max`` when unset ("full").
+    configured default rounded up to the grid (at most ``max``), or ``minimum`` when unset: a
+    claim that names no amount gets the least the device gives, never the card (a claim is
+    counted by quota as one device whatever it consumes).
     """
     lo, step = policy.minimum, policy.step
     if lo + step > memory_bytes:
         return None
     hi = lo + (memory_bytes - lo) // step * step
     if policy.default is None:
-        default = hi
+        default = lo
     else:
         default = min(hi, lo + max(0, -(-(policy.default - lo) // step)) * step)
     return {
@@ -141,6 +143,7 @@ def _device(
     slots: int = 0,
     sizes: tuple[int, ...] = (),
     product: Product | None = None,
+    default_size: int = 0,
 ) -> FractionDevice:
     suffix = f"-{product.name}" if product is not None else ""
     return FractionDevice(
@@ -154,20 +157,37 @@ def _device(
         counter_set=gpu_counter_set(gpu),
         slots=slots,
         sizes=sizes,
+        default_size=default_size,
     )
+
+
+def shared_default_size(sizes: tuple[int, ...], extended_resources: bool) -> int:
+    """Slots a claim that names none consumes on a GPU's shared device (``requestPolicy.default``
+    of ``slots``; ``sizes`` ascending).
+
+    The smallest size: a product-class claim that escaped the sizing admission policy gets the
+    least, never the card. With extended resources on, the largest: the scheduler's own
+    claims for extended resources name no size and are meant for the per-product devices,
+    listed before the shared one; the scheduler takes the first device that fits, and a shared
+    device that already holds shares can never fit a whole card, so such a claim never lands
+    on a shared device in use with a size other than its product's (the allocation guard,
+    ``product-sizes`` policy, refuses it should it happen).
+    """
+    return sizes[-1] if extended_resources else sizes[0]
 
 
 def _product_devices(gpu: Gpu, cfg: GpuConfig, config: NodeConfig) -> tuple[FractionDevice, ...]:
     total = config.slots
     products = _fitting_products(gpu, cfg)
     sizes = tuple(sorted({int(p.portion * total) for p in products}))
+    default = shared_default_size(sizes, config.extended_resources)
     devices: list[FractionDevice] = []
     for mode in cfg.modes:
         if config.extended_resources:
             for p in products:
-                size = (int(p.portion * total),)
-                devices.append(_device(gpu, mode, FractionModel.PRODUCTS, total, size, p))
-        devices.append(_device(gpu, mode, FractionModel.PRODUCTS, total, sizes))
+                size = int(p.portion * total)
+                devices.append(_device(gpu, mode, FractionModel.PRODUCTS, total, (size,), p, size))
+        devices.append(_device(gpu, mode, FractionModel.PRODUCTS, total, sizes, None, default))
     return tuple(devices)
 
 

@@ -16,7 +16,8 @@ def overcommit_error(plan: ClaimPlan, prepared: Iterable[ClaimPlan]) -> str | No
     The rules, per GPU: a device allocated without a share ID belongs to one claim at a time
     (no other claim gets it, with or without a share ID); the claims prepared on one GPU ask
     together for at most the card's memory; and they all run one compute mode (a GPU never
-    carries both). Returns the problem or None. ``prepared`` excludes ``plan``'s own claim.
+    carries both). Admin-access devices (monitoring) count for nothing. Returns the problem
+    or None. ``prepared`` excludes ``plan``'s own claim.
     """
     exclusive: dict[str, str] = {}
     sharers: dict[str, str] = {}
@@ -25,6 +26,8 @@ def overcommit_error(plan: ClaimPlan, prepared: Iterable[ClaimPlan]) -> str | No
     modes: dict[str, tuple[str, str]] = {}
     for other in prepared:
         for d in other.devices:
+            if d.admin_access:  # monitoring access: the scheduler does not count it either
+                continue
             if d.share_id is None:
                 exclusive[d.device] = other.claim.uid
             else:
@@ -32,7 +35,7 @@ def overcommit_error(plan: ClaimPlan, prepared: Iterable[ClaimPlan]) -> str | No
                 shares[(d.device, d.share_id)] = other.claim.uid
             memory[d.gpu.uuid] = memory.get(d.gpu.uuid, 0) + d.memory_request_bytes
             modes.setdefault(d.gpu.uuid, (d.compute_mode, other.claim.uid))
-    for d in plan.devices:
+    for d in (d for d in plan.devices if not d.admin_access):
         holder = exclusive.get(d.device) or (sharers.get(d.device) if d.share_id is None else None)
         if holder is not None:
             return f"device {d.device} is already prepared for claim {holder}"

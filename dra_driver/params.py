@@ -10,9 +10,15 @@ A ResourceClaim (or DeviceClass) carries them in ``spec.devices.config[].opaque`
     memoryLimitPortion: "0.8"    # ceiling as a portion of the card, in (0, 1]
     computeMode: sm-sharing      # or time-slicing; must equal the GPU's mode
     activeThreadPercentage: 50   # 1..100, sm-sharing only
+    maxMemoryLimit: 40Gi         # caps (an admin writes them in a DeviceClass's config)
+    maxMemoryLimitPortion: "0.5"
+    maxActiveThreadPercentage: 25
 
 Every field is optional. Class configs apply first, then claim configs; a later config
-overrides the fields it sets (Kubernetes DRA: "the later wins").
+overrides the fields it sets (Kubernetes DRA: "the later wins"), except the ``max*`` caps:
+every config may lower a cap, none may raise one (the smallest wins), so a tenant's claim
+cannot undo its class's caps. How caps are resolved against the node's defaults:
+:func:`dra_driver.claimplan.memory_ceiling_cap`.
 """
 
 from __future__ import annotations
@@ -33,6 +39,11 @@ PARAMS_API_VERSION = "gpu-fraction.dra.dev/v1alpha1"
 PARAMS_KIND = "GpuFractionParameters"
 """The two compute modes; one GPU carries exactly one of them."""
 
+CAP_FIELDS = ("maxMemoryLimit", "maxMemoryLimitPortion", "maxActiveThreadPercentage")
+"""The caps: maxima of ``memoryLimit`` (bytes), of the ceiling as a portion of the card, and of
+``activeThreadPercentage``; in a class config, in a claim config (only lowers them) and, as
+the node's defaults, in the node configuration's ``claimLimits``."""
+
 _FIELDS = {
     "apiVersion",
     "kind",
@@ -40,6 +51,7 @@ _FIELDS = {
     "memoryLimitPortion",
     "computeMode",
     "activeThreadPercentage",
+    *CAP_FIELDS,
 }
 
 
@@ -54,6 +66,68 @@ class ParameterError(ClaimError, ValueError):
 
 
 @dataclass(frozen=True)
+class ClaimLimits:
+    """Caps on what a claim's parameters may ask (None: that cap is not set here).
+
+    Attributes:
+        max_memory_limit_bytes: largest ceiling, bytes (``maxMemoryLimit``).
+        max_memory_limit_portion: largest ceiling as a portion of the card, in (0, 1]
+            (``maxMemoryLimitPortion``).
+        max_active_thread_percentage: largest SM ceiling, 1..100
+            (``maxActiveThreadPercentage``).
+    """
+
+    max_memory_limit_bytes: int | None = None
+    max_memory_limit_portion: Fraction | None = None
+    max_active_thread_percentage: int | None = None
+
+    @property
+    def caps_memory(self) -> bool:
+        """Whether a memory cap (bytes or portion) is set."""
+        return self.max_memory_limit_bytes is not None or self.max_memory_limit_portion is not None
+
+    def lowered(self, other: ClaimLimits) -> ClaimLimits:
+        """Each cap: the smaller of this one's and ``other``'s (unset caps do not count)."""
+
+        def low(a: Any, b: Any) -> Any:
+            return b if a is None else a if b is None else min(a, b)
+
+        return ClaimLimits(
+            low(self.max_memory_limit_bytes, other.max_memory_limit_bytes),
+            low(self.max_memory_limit_portion, other.max_memory_limit_portion),
+            low(self.max_active_thread_percentage, other.max_active_thread_percentage),
+        )
+
+
+def parse_limits(raw: Any, where: str) -> ClaimLimits:
+    """The caps of a parameters object or of the node configuration's ``claimLimits``: the
+    entries of :data:`CAP_FIELDS` present in ``raw`` (a mapping), validated.
+
+    Raises:
+        ParameterError: a malformed quantity, a portion outside (0, 1], a percentage outside
+            1..100.
+    """
+    pct = raw.get("maxActiveThreadPercentage")
+    if pct is not None and (
+        isinstance(pct, bool) or not isinstance(pct, int) or not 1 <= pct <= 100
+    ):
+        raise ParameterError(f"{where}.maxActiveThreadPercentage: {shown(pct)} must be 1..100")
+    return ClaimLimits(
+        max_memory_limit_bytes=(
+            quantity_bytes(raw["maxMemoryLimit"], f"{where}.maxMemoryLimit")
+            if "maxMemoryLimit" in raw
+            else None
+        ),
+        max_memory_limit_portion=(
+            _portion(raw["maxMemoryLimitPortion"], f"{where}.maxMemoryLimitPortion")
+            if "maxMemoryLimitPortion" in raw
+            else None
+        ),
+        max_active_thread_percentage=pct,
+    )
+
+
+@dataclass(frozen=True)
 class ClaimParameters:
     """Validated parameters for one allocated device (after merging).
 
@@ -62,15 +136,18 @@ class ClaimParameters:
         memory_limit_portion: ceiling as a portion of the card in (0, 1], or None.
         compute_mode: ``time-slicing`` | ``sm-sharing`` | None (= the GPU's mode).
         active_thread_percentage: 1..100 or None (sm-sharing only).
+        limits: the caps these parameters set (:class:`ClaimLimits`).
     """
 
     memory_limit_bytes: int | None = None
     memory_limit_portion: Fraction | None = None
     compute_mode: str | None = None
     active_thread_percentage: int | None = None
+    limits: ClaimLimits = ClaimLimits()
 
     def merged(self, later: ClaimParameters) -> ClaimParameters:
-        """Return these parameters overridden by every field ``later`` sets.
+        """Return these parameters overridden by every field ``later`` sets, and each cap
+        lowered to ``later``'s where that is smaller (a later config never raises a cap).
 
         Setting one of the two memory-limit fields clears the other, so a claim's portion
         replaces a class's absolute limit (and vice versa).
@@ -80,7 +157,9 @@ class ClaimParameters:
             out = replace(out, memory_limit_bytes=None, memory_limit_portion=None)
         for f in fields(later):
             value = getattr(later, f.name)
-            if value is not None:
+            if f.name == "limits":
+                out = replace(out, limits=out.limits.lowered(value))
+            elif value is not None:
                 out = replace(out, **{f.name: value})
         return out
 
@@ -181,4 +260,5 @@ def parse_parameters(raw: Any, where: str = "parameters") -> ClaimParameters:
         ),
         compute_mode=mode,
         active_thread_percentage=pct,
+        limits=parse_limits(raw, where),
     )

@@ -21,6 +21,7 @@ from dra_driver.accounting import UsageSource, register_accounting
 from dra_driver.atomicfile import ensure_dir
 from dra_driver.budget import DEFAULT_CALL_BUDGET_S, HEALTH_CHECK_BUDGET_S, Budget
 from dra_driver.checkpoint import read_boot_id
+from dra_driver.claimcaps import CapPolicy
 from dra_driver.claims import ApiClaimReader
 from dra_driver.claimstatuswriter import ClaimStatusWriter
 from dra_driver.config import NodeConfig, warn_unmatched_selectors
@@ -313,6 +314,7 @@ class Startup:
             call_budget=opts.call_budget,
             device_root_view=device_root_view,
             on_prepared=on_prepared,
+            caps=CapPolicy(config.claim_limits, opts.mps.default_active_thread_percentage),
         )
         self._stack.callback(driver.close)
         driver.start()

@@ -46,7 +46,15 @@ from dra_driver.budget import (
 )
 from dra_driver.cdifiles import spec_matches, write_claim_spec
 from dra_driver.checkpoint import Checkpoint, CheckpointCorrupt, ClaimRecord, PreparedDevice
-from dra_driver.claimplan import ClaimPlan, ClaimRef, PrepareError, plan_claim, validate_uid
+from dra_driver.claimplan import (
+    NO_NODE_CAPS,
+    CapPolicy,
+    ClaimPlan,
+    ClaimRef,
+    PrepareError,
+    plan_claim,
+    validate_uid,
+)
 from dra_driver.claimreads import ClaimReads, unread_error
 from dra_driver.claims import ClaimReader
 from dra_driver.devicenodes import check_device_nodes
@@ -99,6 +107,8 @@ class ClaimPreparation:
         on_prepared: called with the plan of each claim once it is prepared and recorded, and
             of each recorded claim at :meth:`start` (the claim status writer's ``submit``);
             it must return at once.
+        caps: the node's caps on what claims may ask and its default SM ceiling
+            (:class:`~dra_driver.claimcaps.CapPolicy`).
     """
 
     def __init__(
@@ -119,6 +129,7 @@ class ClaimPreparation:
         startup_budget: float = STARTUP_BUDGET_S,
         device_root_view: str | Path | None = None,
         on_prepared: Callable[[ClaimPlan], None] | None = None,
+        caps: CapPolicy = NO_NODE_CAPS,
     ) -> None:
         self.driver_name = driver_name
         self.pool = pool
@@ -136,6 +147,7 @@ class ClaimPreparation:
         self._reads = ClaimReads(lambda: self.reader)
         self.pod_claims = PodClaims()
         self.on_prepared = on_prepared or (lambda plan: None)
+        self.caps = caps
 
     def start(self) -> None:
         """Load the checkpoint and reconcile records, enforcement and CDI specs both ways:
@@ -317,7 +329,7 @@ class ClaimPreparation:
     ) -> PrepareOutcome:
         """Prepare one claim as read; ``prepared`` (plans by claim UID) and the in-memory
         checkpoint gain it on success."""
-        plan = plan_claim(ref, claim, self.driver_name, self.pool, table)
+        plan = plan_claim(ref, claim, self.driver_name, self.pool, table, self.caps)
         problem = overcommit_error(plan, (p for u, p in prepared.items() if u != ref.uid))
         if problem:
             raise PrepareError(f"{problem}; refusing to over-commit the GPU")

@@ -13,13 +13,14 @@ auto``, the default; one when pinned):
   share, so a GPU serves one device (one compute mode) at a time;
 - products model: device ``gpu-<i>-<mode>`` with capacity ``slots`` = ``slotsPerGpu`` (default:
   the least common multiple of the product denominators), ``requestPolicy`` ``validValues`` =
-  each product's ``portion * slotsPerGpu``, ascending, ``default`` the largest, and attribute
+  each product's ``portion * slotsPerGpu``, ascending, ``default`` the smallest (the largest
+  with extended resources on, :func:`dra_driver.offer.shared_default_size`), and attribute
   ``product: "*"``; a claim's product is the slots it consumes. With ``extendedResources``,
   before it, one device ``gpu-<i>-<mode>-<product>`` per product whose only size is its own;
 - capacity model: device ``gpu-<i>-<mode>`` with capacity ``memory`` = the card, with
   ``requestPolicy`` ``validRange{min, step, max}`` where
   ``max = min + floor((card - min) / step) * step`` (the largest on-grid amount that fits) and
-  ``default`` = the configured default rounded up to the grid (capped at ``max``), or ``max``.
+  ``default`` = the configured default rounded up to the grid (capped at ``max``), or ``min``.
 
 Devices of an unhealthy GPU (lost, or failing its MPS check) carry a ``NoSchedule`` taint
 ``<driver>/gpu-unhealthy`` (:mod:`dra_driver.devicetaints`); other devices have no ``taints``.
@@ -173,10 +174,11 @@ def _device_body(device: FractionDevice, planned: OfferedGpu, enforcement: str) 
         }
     else:
         values = [canonical_quantity(s, binary=False) for s in device.sizes]
+        default = canonical_quantity(device.default_size, binary=False)
         body["capacity"] = {
             SLOTS: {
                 "value": canonical_quantity(device.slots, binary=False),
-                "requestPolicy": {"default": values[-1], "validValues": values},
+                "requestPolicy": {"default": default, "validValues": values},
             }
         }
     assert device.counter_set is not None

@@ -12,8 +12,10 @@ import dra_driver
 PACKAGE = Path(dra_driver.__file__).parent
 
 PURE = {
+    "dra_driver.allocation",
     "dra_driver.apijson",
     "dra_driver.cdi",
+    "dra_driver.claimcaps",
     "dra_driver.claimplan",
     "dra_driver.classnames",
     "dra_driver.claimstatus",

@@ -177,7 +177,7 @@ def gpus_text(gpus: Sequence[Gpu]) -> str:
 def targets_for_claim(
     plan: ClaimPlan, tiers: Mapping[str, str], default_threads: int = 100
 ) -> tuple[FractionTarget, ...]:
-    """Pure: the per-GPU targets of a claim, validated.
+    """Pure: the per-GPU targets of a claim, validated. Admin-access devices have none.
 
     Args:
         plan: the claim's plan.
@@ -194,7 +194,8 @@ def targets_for_claim(
     who = f"claim {ref.namespace}/{ref.name}"
     groups: dict[str, list[int]] = {}
     for i, d in enumerate(plan.devices):
-        groups.setdefault(d.gpu.uuid, []).append(i)
+        if not d.admin_access:  # monitoring access: no namespace, nothing to enforce
+            groups.setdefault(d.gpu.uuid, []).append(i)
     targets = []
     for uuid, indexes in groups.items():
         devs = [plan.devices[i] for i in indexes]

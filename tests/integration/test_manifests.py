@@ -18,6 +18,7 @@ Regenerate the rendered manifests after changing the chart:
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shlex
 import subprocess
@@ -33,7 +34,7 @@ import yaml
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.cli import _parser
-from dra_driver.config import default_node_config
+from dra_driver.config import NodeConfig, default_node_config
 from dra_driver.configload import load_node_config, parse_node_config_text
 from dra_driver.deviceclasses import build_device_classes
 from dra_driver.params import ParameterError, parse_parameters
@@ -60,6 +61,8 @@ RENDERED = {
     "daemonset.yaml": "daemonset.yaml",
     "policy-node-scoped-slices.yaml": "policy-node-scoped-slices.yaml",
     "policy-claim-parameters.yaml": "policy-claim-parameters.yaml",
+    "policy-tenant-namespaces.yaml": "policy-tenant-namespaces.yaml",
+    "networkpolicy.yaml": "networkpolicy-metrics.yaml",
 }
 # Plain manifests not rendered by the chart (Helm installs into an existing namespace).
 HAND_WRITTEN = {"namespace.yaml"}
@@ -101,6 +104,10 @@ VALUE_VARIANTS: dict[str, list[str]] = {
         "policies.nodeScopedSlices=false",
         "--set",
         "policies.claimParameters=false",
+        "--set",
+        "tenants.requireLabel=false",
+        "--set",
+        "metricsNetworkPolicy.enabled=false",
     ],
 }
 
@@ -249,8 +256,13 @@ def test_default_rendering_kinds_and_names() -> None:
         ("ValidatingAdmissionPolicyBinding", f"{RELEASE}-node-scoped-slices"),
         ("ValidatingAdmissionPolicy", f"{RELEASE}-claim-parameters"),
         ("ValidatingAdmissionPolicyBinding", f"{RELEASE}-claim-parameters"),
+        ("ValidatingAdmissionPolicy", f"{RELEASE}-tenant-namespaces"),
+        ("ValidatingAdmissionPolicyBinding", f"{RELEASE}-tenant-namespaces"),
         ("MutatingAdmissionPolicy", "gpu-fraction-dra-dev-product-sizes"),
         ("MutatingAdmissionPolicyBinding", "gpu-fraction-dra-dev-product-sizes"),
+        ("ValidatingAdmissionPolicy", "gpu-fraction-dra-dev-product-sizes"),
+        ("ValidatingAdmissionPolicyBinding", "gpu-fraction-dra-dev-product-sizes"),
+        ("NetworkPolicy", f"{plugin}-metrics"),
     }
     for o in objs:
         if o["kind"] in {"ServiceAccount", "ConfigMap", "DaemonSet"}:
@@ -373,13 +385,28 @@ def test_chart_deviceclasses_equal_the_generated_ones() -> None:
     assert chart == canonical(of_kind(shipped_deviceclass_dir(), "DeviceClass"))
 
 
-@pytest.mark.parametrize("kind", ["MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"])
-def test_chart_sizing_policy_equals_the_generated_one(kind: str) -> None:
-    """The product classes need the sizing policy (dra_driver.sizing): the chart and
-    ``manifests/deviceclasses/`` install the same one."""
-    [generated] = of_kind(sizing_policy(), kind)
-    assert one(rendered_objects(), kind) == generated
-    assert one(shipped_deviceclass_dir(), kind) == generated
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "MutatingAdmissionPolicy",
+        "MutatingAdmissionPolicyBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ],
+)
+@pytest.mark.parametrize("variant", ["defaults", "extended"])
+def test_chart_sizing_policy_equals_the_generated_one(kind: str, variant: str) -> None:
+    """The product classes need the sizing policies (dra_driver.sizing): the chart and
+    ``manifests/deviceclasses/`` install the same ones."""
+    extended = variant == "extended"
+    [generated] = of_kind(sizing_policy(NodeConfig(extended_resources=extended)), kind)
+    args = ["--set", "extendedResources.enabled=true"] if extended else []
+    name = generated["metadata"]["name"]
+    chart = [o for o in of_kind(rendered_objects(*args), kind) if o["metadata"]["name"] == name]
+    assert chart == [generated]
+    if not extended:
+        shipped = of_kind(shipped_deviceclass_dir(), kind)
+        assert [o for o in shipped if o["metadata"]["name"] == name] == [generated]
 
 
 def configmap_config(objs: list[dict[str, Any]]) -> str:
@@ -624,16 +651,109 @@ def test_node_scoped_policy_targets_the_plugin_identity() -> None:
     assert b["spec"]["validationActions"] == ["Warn", "Audit"]
 
 
-def test_claim_parameter_policy_has_a_message_for_every_rule() -> None:
+def test_claim_parameter_policy_reports_every_problem_at_once() -> None:
+    """One validation over the list of every config entry's problems (the API server reports
+    only the first failing validation: a claim with two mistakes showed one)."""
     p = policy(rendered_objects(), "claim-parameters")["spec"]
     assert p["matchConstraints"]["resourceRules"][0]["resources"] == [
         "resourceclaims",
         "resourceclaimtemplates",
     ]
-    for v in p["validations"]:
-        assert v["messageExpression"] and v["message"] and v["reason"] == "Invalid"
-    assert len(p["validations"]) == 9
+    (v,) = p["validations"]
+    assert v["expression"] == "variables.problems.size() == 0"
+    assert v["messageExpression"] == 'variables.problems.join("; ")'
+    assert v["message"] and v["reason"] == "Invalid"
+    problems = next(x["expression"] for x in p["variables"] if x["name"] == "problems")
+    assert problems.count("variables.configs.") == 11  # one list per rule, caps included
     assert "isQuantity(" in yaml.safe_dump(p) and "quantity(" in yaml.safe_dump(p)
+
+
+def test_plugin_mounts_only_the_host_paths_it_reads() -> None:
+    """Not the host's / (every pod's token, the kubelet's credentials): the review found it
+    mounted at /host."""
+    ds = one(rendered_objects(), "DaemonSet")
+    paths = {
+        v["hostPath"]["path"] for v in ds["spec"]["template"]["spec"]["volumes"] if "hostPath" in v
+    }
+    assert "/" not in paths
+    assert paths == {
+        "/var/lib/kubelet/plugins/gpu-fraction.dra.dev",
+        "/var/lib/kubelet/plugins_registry",
+        "/var/run/cdi",
+        "/var/lib/gpu-fraction-dra",
+        "/run/gpu-fraction",
+        "/sys/fs/cgroup",
+        "/dev",
+        "/usr/bin",
+    }
+    (plugin,) = ds["spec"]["template"]["spec"]["containers"]
+    mounts = {m["mountPath"]: m for m in plugin["volumeMounts"]}
+    for path in ("/host/dev", "/host/sys/fs/cgroup", "/host/usr/bin"):
+        assert mounts[path]["readOnly"] is True
+    assert "--host-root=/host" in plugin["args"]
+
+
+def test_metrics_network_policy_selects_the_plugin_and_its_port() -> None:
+    objs = rendered_objects()
+    policy_ = one(objs, "NetworkPolicy")
+    ds = one(objs, "DaemonSet")
+    assert policy_["spec"]["podSelector"]["matchLabels"] == ds["spec"]["selector"]["matchLabels"]
+    (rule,) = policy_["spec"]["ingress"]
+    assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert rule["from"]  # never an empty (allow-all) list
+    for args in (["--set", "metricsPort=0"], ["--set", "hostNetwork=true"]):
+        assert not of_kind(rendered_objects(*args), "NetworkPolicy")
+
+
+def test_class_limits_reach_the_classes_and_the_policy() -> None:
+    limits = {
+        "gpu-half": {"maxMemoryLimitPortion": "1"},
+        "gpu-memory": {"maxMemoryLimit": "40Gi", "maxActiveThreadPercentage": 50},
+    }
+    objs = rendered_objects("--set-json", f"classLimits={json.dumps(limits)}")
+    assert canonical(of_kind(objs, "DeviceClass")) == canonical(
+        build_device_classes(class_limits=limits)
+    )
+    variables = {
+        x["name"]: x["expression"] for x in policy(objs, "claim-parameters")["spec"]["variables"]
+    }
+    assert '"gpu-half": double("1")' in variables["portionCaps"]
+    assert '"gpu-eighth": 1.0 / 8.0' in variables["portionCaps"]  # no cap: its own size
+    assert variables["byteCaps"] == '{"gpu-memory": "40Gi"}'
+    assert variables["threadCaps"] == '{"gpu-memory": 50}'
+    assert variables["noBurst"] == '["gpu-memory-sm-sharing"]'
+
+
+def test_tenant_quotas_list_every_class_at_zero_unless_granted() -> None:
+    grants = {"team-a": {"gpu-eighth": 2}, "team-b": {}}
+    objs = rendered_objects(
+        "--set-json",
+        f"tenants.namespaces={json.dumps(grants)}",
+        "--set",
+        "tenants.createNamespaces=true",
+    )
+    classes = {c["metadata"]["name"] for c in build_device_classes()}
+    quotas = {q["metadata"]["namespace"]: q["spec"]["hard"] for q in of_kind(objs, "ResourceQuota")}
+    assert set(quotas) == {"team-a", "team-b"}
+    for ns, hard in quotas.items():
+        assert set(hard) == {f"{c}.deviceclass.resource.k8s.io/devices" for c in classes}
+        granted = {k for k, v in hard.items() if v != "0"}
+        assert granted == {f"{c}.deviceclass.resource.k8s.io/devices" for c in grants[ns]}
+    namespaces = {
+        n["metadata"]["name"]: n["metadata"]["labels"] for n in of_kind(objs, "Namespace")
+    }
+    for labels in namespaces.values():
+        assert labels[f"{DEFAULT_DRIVER_NAME}/tenant"] == "true"
+        assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    res = run_helm(
+        "template",
+        RELEASE,
+        str(CHART),
+        "--set-json",
+        'tenants.namespaces={"a":{"gpu-quater":1}}',
+        check=False,
+    )
+    assert res.returncode != 0 and '"gpu-quater" is not a DeviceClass of this chart' in res.stderr
 
 
 # --- examples ---------------------------------------------------------------------------------
@@ -675,7 +795,8 @@ def test_example_scenarios() -> None:
     assert req["exactly"]["capacity"]["requests"]["memory"] == "40Gi"
     assert cap["devices"]["constraints"][0]["distinctAttribute"] == "gpu-fraction.dra.dev/uuid"
     params = cap["devices"]["config"][0]["opaque"]["parameters"]
-    assert (params["memoryLimit"], params["computeMode"]) == ("60Gi", "sm-sharing")
+    # no ceiling above the request: that needs an admin's cap (classLimits)
+    assert "memoryLimit" not in params and params["computeMode"] == "sm-sharing"
     quota = one(by_name["quota-four-quarters"], "ResourceQuota")
     assert quota["spec"]["hard"]["gpu-quarter.deviceclass.resource.k8s.io/devices"] == "4"
     hard = one(by_name["deviceclass-hard-enforcement"], "DeviceClass")

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from dra_driver.config import (
     API_VERSION,
     DEFAULT_PRODUCTS,
+    WHOLE_CARD,
     GpuConfig,
     GpuSelector,
     NodeConfig,
@@ -125,7 +126,7 @@ def test_capacity_merges_field_by_field() -> None:
     g = gpus()
     assert config.for_gpu(g[0]).capacity.minimum == 2 * GIB
     assert config.for_gpu(g[0]).capacity.step == GIB
-    assert config.for_gpu(g[0]).capacity.default is None
+    assert config.for_gpu(g[0]).capacity.default == WHOLE_CARD
     assert config.for_gpu(g[1]).capacity.step == 512 * MIB
     assert config.for_gpu(g[1]).capacity.default == 4 * GIB
 

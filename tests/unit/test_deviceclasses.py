@@ -120,6 +120,8 @@ def test_shipped_files_parse_as_the_classes_and_the_sizing_policy() -> None:
     assert [d["kind"] for d in policy] == [
         "MutatingAdmissionPolicy",
         "MutatingAdmissionPolicyBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ]
     for obj in policy:
         k8sschema.validate(obj)

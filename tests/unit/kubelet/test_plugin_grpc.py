@@ -124,7 +124,11 @@ def test_limit_from_claim_config_and_share_of_card(served: Served) -> None:
     device = share["device"]
     claim = cf.claim(
         [share],
-        [cf.opaque("FromClass", memoryLimit="100Gi"), cf.opaque(memoryLimitPortion="0.8")],
+        [
+            # the class lets its claims burst up to the card; the claim's portion wins
+            cf.opaque("FromClass", memoryLimit="100Gi", maxMemoryLimitPortion="1"),
+            cf.opaque(memoryLimitPortion="0.8"),
+        ],
     )
     node.claims.add(claim)
     uid = claim["metadata"]["uid"]
@@ -340,7 +344,10 @@ def test_capacity_shares_with_share_ids_and_sm_sharing(mixed_node: Node) -> None
                 cf.result(device, NODE, request="a", share_id=share_a, memory="12Gi"),
                 cf.result(device, NODE, request="b", share_id=share_b, memory="4Gi"),
             ],
-            [cf.opaque(requests=["a"], memoryLimit="20Gi", activeThreadPercentage=30)],
+            [
+                cf.opaque("FromClass", maxMemoryLimit="40Gi"),
+                cf.opaque(requests=["a"], memoryLimit="20Gi", activeThreadPercentage=30),
+            ],
         )
         node.claims.add(claim)
         uid = claim["metadata"]["uid"]

@@ -212,10 +212,13 @@ def check_device_shapes(slices: Sequence[Mapping[str, Any]]) -> None:
             assert policy == {"default": str(size), "validValues": [str(size)]}
             extended.setdefault(key, []).append(n)
             continue
-        else:  # the shared device of every product; a claim without slots takes the largest
+        else:  # the shared device of every product; a claim without slots takes the least,
+            # or with extended-resource devices (listed before it) the most, which a shared
+            # device holding shares never fits (offer.shared_default_size)
             assert model == "products" and "portion" not in attrs
             policy = d["capacity"]["slots"]["requestPolicy"]
-            assert policy["default"] == policy["validValues"][-1]
+            end = -1 if key in extended else 0
+            assert policy["default"] == policy["validValues"][end]
         assert d["name"] == base and key not in shared
         shared[key] = n
     for key, positions in extended.items():
@@ -258,9 +261,10 @@ GPU_COUNTER = [{"counterSet": "gpu-0", "counters": {"gpu": {"value": "1"}}}]
 """What every device of GPU 0 consumes: its GPU's one counter, in full."""
 
 DEFAULT_SLOTS = {
-    "slots": {"value": "8", "requestPolicy": {"default": "8", "validValues": ["1", "2", "4", "8"]}}
+    "slots": {"value": "8", "requestPolicy": {"default": "1", "validValues": ["1", "2", "4", "8"]}}
 }
-"""The shared device's capacity for the default products: eighth, quarter, half, full of 8."""
+"""The shared device's capacity for the default products: eighth, quarter, half, full of 8; a
+claim that names no size (one that escaped the sizing policy) gets the least: an eighth."""
 
 MODES = ("time-slicing", "sm-sharing")
 
@@ -376,7 +380,13 @@ def test_extended_resource_devices_come_before_the_shared_device() -> None:
         },
         "consumesCounters": GPU_COUNTER,
     }
-    assert devices["gpu-0-sm-sharing"]["capacity"] == DEFAULT_SLOTS
+    # with extended-resource devices the shared device's default is the largest size: the
+    # scheduler's extended-resource claims take the first device that fits, and a shared
+    # device holding shares never fits the whole card
+    largest = {"default": "8", "validValues": ["1", "2", "4", "8"]}
+    assert devices["gpu-0-sm-sharing"]["capacity"] == {
+        "slots": {"value": "8", "requestPolicy": largest}
+    }
     assert devices["gpu-0-sm-sharing"]["attributes"]["product"] == {"string": "*"}
 
 
@@ -437,7 +447,7 @@ def test_capacity_device_body() -> None:
         "memory": {
             "value": f"{H200_MIB}Mi",
             "requestPolicy": {
-                "default": f"{top}Mi",  # default: the whole card, on the grid
+                "default": "1Gi",  # default: the minimum, never the card
                 "validRange": {"min": "1Gi", "step": "256Mi", "max": f"{top}Mi"},
             },
         }
@@ -464,7 +474,7 @@ def test_capacity_model_in_auto_mode_has_a_memory_device_per_mode() -> None:
 
 @pytest.mark.parametrize(
     ("default", "expected"),
-    [(None, 7936), (GIB, 1024), (1500 * MIB, 1536), (100 * GIB, 7936), (1025 * MIB, 1280)],
+    [(None, 1024), (GIB, 1024), (1500 * MIB, 1536), (100 * GIB, 7936), (1025 * MIB, 1280)],
 )
 def test_capacity_default_rounds_up_to_grid(default: int | None, expected: int) -> None:
     policy = capacity_request_policy(8000 * MIB, CapacityPolicy(GIB, 256 * MIB, default))
@@ -596,6 +606,7 @@ def test_plan_devices_is_what_is_published() -> None:
         counter_set="gpu-1",
         slots=8,
         sizes=(1, 2, 4, 8),
+        default_size=8,
     )
     quarter = table["gpu-1-time-slicing-quarter"]
     assert quarter.product == "quarter" and quarter.portion == Fraction(1, 4)

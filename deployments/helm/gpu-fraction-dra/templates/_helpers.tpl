@@ -194,3 +194,67 @@ app.kubernetes.io/component: kubelet-plugin
 {{- end -}}
 {{- div (mul $num .slots) $den -}}
 {{- end -}}
+
+{{/* Every DeviceClass name of this driver: the ones the chart renders (products x modes,
+     then the capacity classes; the names of templates/deviceclasses.yaml), then an admin's
+     own (tenants.extraClasses), as a JSON list. */}}
+{{- define "gfd.classNames" -}}
+{{- $names := list -}}
+{{- if has "products" .Values.fractionModels -}}
+{{- range (include "gfd.allProducts" . | fromJsonArray) -}}
+{{- $product := .name -}}
+{{- range $.Values.computeModes -}}
+{{- $names = append $names (ternary (printf "gpu-%s" $product) (printf "gpu-%s-%s" $product .) (eq . "time-slicing")) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if has "capacity" .Values.fractionModels -}}
+{{- range .Values.computeModes -}}
+{{- $names = append $names (ternary "gpu-memory" (printf "gpu-memory-%s" .) (eq . "time-slicing")) -}}
+{{- end -}}
+{{- end -}}
+{{- range ((.Values.tenants | default dict).extraClasses | default list) -}}
+{{- $names = append $names . -}}
+{{- end -}}
+{{- toJson $names -}}
+{{- end -}}
+
+{{/* The label that grants a namespace this driver's devices (a cluster admin sets it). */}}
+{{- define "gfd.tenantLabel" -}}
+{{- printf "%s/tenant" .Values.driverName -}}
+{{- end -}}
+
+{{/* Each DeviceClass of this driver with its product's portion, as a JSON list of
+     {name, num, den} (den 0: a capacity class), in the order of gfd.classNames. */}}
+{{- define "gfd.classInfo" -}}
+{{- $out := list -}}
+{{- if has "products" .Values.fractionModels -}}
+{{- range (include "gfd.allProducts" . | fromJsonArray) -}}
+{{- $product := .name -}}
+{{- $f := include "gfd.fraction" .portion | fromJsonArray -}}
+{{- range $.Values.computeModes -}}
+{{- $out = append $out (dict "name" (ternary (printf "gpu-%s" $product) (printf "gpu-%s-%s" $product .) (eq . "time-slicing")) "num" (index $f 0) "den" (index $f 1)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if has "capacity" .Values.fractionModels -}}
+{{- range .Values.computeModes -}}
+{{- $out = append $out (dict "name" (ternary "gpu-memory" (printf "gpu-memory-%s" .) (eq . "time-slicing")) "num" 0 "den" 0) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
+{{/* The caps of DeviceClass .name at admission (JSON {portion, bytes, threads, memoryCapped},
+     "" where unset): its classLimits entry where that sets a memory cap, else the node's
+     claimLimits; the thread cap likewise. */}}
+{{- define "gfd.capsOf" -}}
+{{- $node := (.root.Values.nodeConfig | default dict).claimLimits | default dict -}}
+{{- $class := index (.root.Values.classLimits | default dict) .name | default dict -}}
+{{- $level := $node -}}
+{{- if or (hasKey $class "maxMemoryLimit") (hasKey $class "maxMemoryLimitPortion") -}}
+{{- $level = $class -}}
+{{- end -}}
+{{- $threads := $class.maxActiveThreadPercentage | default $node.maxActiveThreadPercentage | default "" -}}
+{{- toJson (dict "portion" (toString ($level.maxMemoryLimitPortion | default "")) "bytes" (toString ($level.maxMemoryLimit | default "")) "threads" (toString $threads) "memoryCapped" (or (hasKey $level "maxMemoryLimit") (hasKey $level "maxMemoryLimitPortion"))) -}}
+{{- end -}}
