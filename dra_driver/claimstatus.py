@@ -38,6 +38,10 @@ from dra_driver.vocabulary import ComputeMode, Tier
 CONDITION_TYPE = "FractionEnforced"
 """The condition each entry carries."""
 
+ROOT_CONDITION_TYPE = "NonRootClients"
+"""The condition an MPS device's entry gets, False, once a container of the claim runs as root
+(:mod:`dra_driver.rootclients`)."""
+
 
 class Enforcement(NamedTuple):
     """A GPU's enforcement tier and what keeps it from a stronger one (tier detection's
@@ -106,8 +110,30 @@ def condition_message(
     return f"{head}{why}; {_compute_text(percentage)}"
 
 
+def root_condition(plan: DevicePlan, now: str) -> dict[str, Any]:
+    """The ``NonRootClients=False`` condition of an MPS device whose claim has a container
+    that runs as root."""
+    where = f"GPU {plan.gpu.index} ({plan.gpu.uuid})"
+    return {
+        "type": ROOT_CONDITION_TYPE,
+        "status": "False",
+        "reason": "ContainerRunsAsRoot",
+        "message": (
+            f"a container of this claim runs as UID 0 on {where}, which MPS serves: a root MPS "
+            "client can change the limits of its neighbours' namespaces; run the pod as "
+            "non-root (securityContext.runAsNonRoot, Pod Security restricted)"
+        ),
+        "lastTransitionTime": now,
+    }
+
+
 def device_status(
-    plan: DevicePlan, driver: str, enforcement: Enforcement, now: str, default_percentage: int
+    plan: DevicePlan,
+    driver: str,
+    enforcement: Enforcement,
+    now: str,
+    default_percentage: int,
+    runs_as_root: bool = False,
 ) -> dict[str, Any]:
     """The ``status.devices[]`` entry of one planned device (API JSON, camelCase).
 
@@ -117,6 +143,8 @@ def device_status(
         enforcement: the enforcement of the device's GPU.
         now: ``lastTransitionTime`` of the condition (RFC 3339, e.g. ``2026-12-01T10:00:00Z``).
         default_percentage: active thread percentage of sm-sharing claims that set none.
+        runs_as_root: a container of the claim runs as root; an MPS device (tier hard or
+            cooperative) then also gets :func:`root_condition`.
     """
     if plan.admin_access:
         return _admin_status(plan, driver, now)
@@ -149,6 +177,8 @@ def device_status(
             "lastTransitionTime": now,
         }
     ]
+    if runs_as_root and tier != Tier.NONE:
+        entry["conditions"].append(root_condition(plan, now))
     return entry
 
 
@@ -183,11 +213,20 @@ def device_entries(
     enforcement: Mapping[str, Enforcement],
     now: str,
     default_percentage: int = 100,
+    runs_as_root: bool = False,
 ) -> list[dict[str, Any]]:
     """One :func:`device_status` entry per planned device. ``enforcement``: by GPU UUID
-    (missing: :data:`NOT_ENFORCED`); ``default_percentage``: see :func:`device_status`."""
+    (missing: :data:`NOT_ENFORCED`); ``default_percentage``, ``runs_as_root``: see
+    :func:`device_status`."""
     return [
-        device_status(d, driver, enforcement.get(d.gpu.uuid, NOT_ENFORCED), now, default_percentage)
+        device_status(
+            d,
+            driver,
+            enforcement.get(d.gpu.uuid, NOT_ENFORCED),
+            now,
+            default_percentage,
+            runs_as_root,
+        )
         for d in plan.devices
     ]
 

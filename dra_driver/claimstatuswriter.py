@@ -222,6 +222,7 @@ class ClaimStatusWriter:
         self.now = now
         self.default_percentage = default_percentage
         self._queue: queue.Queue[ClaimPlan] = queue.Queue()
+        self._root: set[str] = set()
 
     @classmethod
     def of(
@@ -243,6 +244,12 @@ class ClaimStatusWriter:
 
     def submit(self, plan: ClaimPlan) -> None:
         """Queue ``plan``'s claim for a status write (returns at once)."""
+        self._queue.put(plan)
+
+    def flag_root(self, plan: ClaimPlan, containers: list[str]) -> None:
+        """A container of ``plan``'s claim runs as root (:mod:`dra_driver.rootclients`): write
+        its status again with the ``NonRootClients=False`` condition (returns at once)."""
+        self._root.add(plan.claim.uid)
         self._queue.put(plan)
 
     def run(self, stop: threading.Event) -> None:
@@ -312,7 +319,12 @@ class ClaimStatusWriter:
             )
             return "skipped"
         entries = device_entries(
-            plan, self.driver, self.enforcement, self.now(), self.default_percentage
+            plan,
+            self.driver,
+            self.enforcement,
+            self.now(),
+            self.default_percentage,
+            runs_as_root=ref.uid in self._root,
         )
         if already_written(claim, entries):
             return "unchanged"

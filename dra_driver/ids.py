@@ -30,6 +30,11 @@ def is_dns_subdomain(text: str, max_length: int = _DNS_SUBDOMAIN_MAX) -> bool:
     return len(text) <= max_length and _DNS_SUBDOMAIN.fullmatch(text) is not None
 
 
+def is_uid(text: str) -> bool:
+    """Whether ``text`` is a lower-case RFC 4122 UUID (the Kubernetes UID form)."""
+    return _UID.fullmatch(text) is not None
+
+
 def validate_uid(uid: str) -> str:
     """Return ``uid`` if it is a lower-case RFC 4122 UUID (the Kubernetes UID form).
 
@@ -38,7 +43,7 @@ def validate_uid(uid: str) -> str:
     Raises:
         PrepareError: when the UID is malformed.
     """
-    if not _UID.fullmatch(uid):
+    if not is_uid(uid):
         raise PrepareError(
             f"claim UID is not a Kubernetes UID (a lower-case RFC 4122 UUID): {shown(uid)}"
         )

@@ -22,6 +22,7 @@ from dra_driver.atomicfile import ensure_dir
 from dra_driver.budget import DEFAULT_CALL_BUDGET_S, HEALTH_CHECK_BUDGET_S, Budget
 from dra_driver.checkpoint import read_boot_id
 from dra_driver.claimcaps import CapPolicy
+from dra_driver.claimplan import ClaimPlan
 from dra_driver.claims import ApiClaimReader
 from dra_driver.claimstatuswriter import ClaimStatusWriter
 from dra_driver.config import NodeConfig, warn_unmatched_selectors
@@ -41,6 +42,7 @@ from dra_driver.mps.usage import MpsUsageSource
 from dra_driver.offer import offered_devices
 from dra_driver.preparation import ClaimPreparation
 from dra_driver.publisher import SlicePublisher
+from dra_driver.rootclients import RootClientWatch
 from dra_driver.runner import SubprocessRunner
 from dra_driver.slices import build_slices
 from dra_driver.sockets import check_socket_paths
@@ -145,6 +147,21 @@ def supervise(
     while not stop.wait(interval):
         if not check_mps(enforcer, state):
             return
+
+
+def watch_root_clients(
+    watch: RootClientWatch,
+    driver: ClaimPreparation,
+    stop: threading.Event,
+    interval: float = 5.0,
+) -> None:
+    """Check the prepared claims for containers that run as root every ``interval`` seconds
+    until ``stop`` is set (:mod:`dra_driver.rootclients`)."""
+    while not stop.wait(interval):
+        try:
+            watch.check(driver.prepared_plans())
+        except Exception:  # keep watching whatever happens
+            log.exception("root client check failed")
 
 
 def check_mps(
@@ -288,6 +305,7 @@ class Startup:
         api = api_client(opts.kubeconfig)
         metrics = Metrics()
         on_prepared = None
+        on_root: Callable[[ClaimPlan, list[str]], None] | None = None
         if opts.claim_device_status:
             writer = ClaimStatusWriter.of(
                 api,
@@ -298,7 +316,7 @@ class Startup:
                 opts.mps.default_active_thread_percentage,
             )
             self._thread("claim-status", writer.run, self.stop)
-            on_prepared = writer.submit
+            on_prepared, on_root = writer.submit, writer.flag_root
         driver = ClaimPreparation(
             driver_name=opts.driver_name,
             pool=opts.node_name,
@@ -323,6 +341,8 @@ class Startup:
         server.start()
         register_accounting(metrics.registry, driver.prepared_plans, usage)
         self._thread("mps-supervisor", supervise, enforcer, state, self.stop)
+        watch = RootClientWatch(Path(opts.mps.user_record_root), on_root)
+        self._thread("root-clients", watch_root_clients, watch, driver, self.stop)
         if opts.metrics_port:
             http, _ = start_http_server(
                 opts.metrics_port, addr=opts.metrics_bind_address, registry=metrics.registry

@@ -6,7 +6,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from dra_driver.cdi import ContainerEdits, Mount
-from dra_driver.mps.hooks import memory_env, memory_limit_hook, record_cgroup_hook
+from dra_driver.mps.hooks import (
+    memory_env,
+    memory_limit_hook,
+    record_cgroup_hook,
+    record_user_hook,
+)
 from dra_driver.mps.names import daemon_pipe_dir, mib
 from dra_driver.mps.targets import FractionTarget, MpsOptions
 from dra_driver.vocabulary import ComputeMode, Tier
@@ -26,7 +31,8 @@ def namespace_pipe_dir(target: FractionTarget, options: MpsOptions) -> str:
 def target_edits(
     target: FractionTarget, pipe_dir: str | None, options: MpsOptions
 ) -> ContainerEdits:
-    """Pure: the CDI edits of one device of ``target`` (env, the pipe mount, hooks).
+    """Pure: the CDI edits of one device of ``target`` (env, the pipe mount, hooks: on every
+    MPS tier the user record hook, on ``hard`` also the memory-limit and cgroup record hooks).
 
     ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` mirrors the namespace's SM ceiling when there is one
     (sm-sharing, below 100); in v3 the namespace value wins over the client's (NVIDIA MPS
@@ -48,13 +54,15 @@ def target_edits(
         head.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={target.threads}")
     env = head + env
     mounts = (Mount(pipe_dir, CONTAINER_PIPE_DIR),)
+    users = record_user_hook(str(options.user_record_root / target.claim.uid), options.record_shell)
     if target.tier != Tier.HARD:
-        return ContainerEdits(env=tuple(env), mounts=mounts)
+        return ContainerEdits(env=tuple(env), mounts=mounts, hooks=(users,))
     env.extend(memory_env(mib(target.request_bytes), mib(target.limit_bytes)))
     hooks = [memory_limit_hook(target.gpu.uuid, options.driver_root, options.ctk_hook_path)]
     if options.record_cgroups:
         record_dir = str(options.record_root / target.claim.uid)
         hooks.append(record_cgroup_hook(record_dir, options.record_shell))
+    hooks.append(users)
     return ContainerEdits(env=tuple(env), mounts=mounts, hooks=tuple(hooks))
 
 

@@ -104,6 +104,11 @@ class MpsOptions:
         """``<root>/cgroups``: the record hook's directory."""
         return Path(self.root) / "cgroups"
 
+    @property
+    def user_record_root(self) -> Path:
+        """``<root>/users``: the user hook's directory (``<claim-uid>/<container-id>``)."""
+        return Path(self.root) / "users"
+
     def compute_mode_for(self, mode: str) -> str:
         """The NVML compute mode a GPU of ``mode`` runs while it has claims."""
         return (

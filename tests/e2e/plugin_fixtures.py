@@ -47,6 +47,14 @@ RELEASE = "gfd-e2e"
 RELEASE_NAMESPACE = "gpu-fraction-e2e"
 NODE_NAMES = ("gpu-node-1", "gpu-node-2")
 NODE_LABEL = "gpu-fraction.dra.dev/e2e-node"
+TENANT_LABEL = f"{DEFAULT_DRIVER_NAME}/tenant"
+"""The namespace label by which a cluster admin grants a namespace this driver's devices."""
+CLASS_LIMITS: dict[str, dict[str, Any]] = {
+    # Caps the tests' claims burst within (chart value classLimits); others allow no burst.
+    "gpu-quarter": {"maxMemoryLimitPortion": "0.5"},
+    "gpu-quarter-sm-sharing": {"maxMemoryLimit": "48Gi", "maxActiveThreadPercentage": 60},
+    "gpu-eighth-sm-sharing": {"maxActiveThreadPercentage": 25},
+}
 WORKLOAD_IMAGE = "localhost/busybox:1.35.0"
 GPUS = "simulated:H200x12"
 NODE_CONFIG: dict[str, Any] = {
@@ -255,6 +263,7 @@ def driver_values(control_plane: Any) -> dict[str, Any]:
         # Product classes carry extendedResourceName (test_e2e_modes); the node config above
         # turns the extended-resource devices on.
         "extendedResources": {"enabled": True},
+        "classLimits": CLASS_LIMITS,
     }
 
 
@@ -817,7 +826,8 @@ def e2e(
     """A fresh namespace for the test, on the session's nodes and driver."""
     core = k8s.CoreV1Api(kube)
     namespace = f"e2e-{dns_name(request.node.name, 40)}-{short_id()}"
-    core.create_namespace(k8s.V1Namespace.from_dict({"metadata": {"name": namespace}}))
+    meta = {"name": namespace, "labels": {TENANT_LABEL: "true"}}  # the admin's grant
+    core.create_namespace(k8s.V1Namespace.from_dict({"metadata": meta}))
     wait_for(
         f"ServiceAccount {namespace}/default",
         lambda: core.read_namespaced_service_account("default", namespace),

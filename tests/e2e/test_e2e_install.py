@@ -42,7 +42,10 @@ PLUGIN_USER = f"system:serviceaccount:{NAMESPACE}:gpu-fraction-dra-kubelet-plugi
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 SLICE_POLICY = "gpu-fraction-dra-node-scoped-slices"
 PARAMS_POLICY = "gpu-fraction-dra-claim-parameters"
+TENANT_POLICY = "gpu-fraction-dra-tenant-namespaces"
+SIZES_POLICY = "gpu-fraction-dra-dev-product-sizes"
 PARAMS = {"apiVersion": f"{DRIVER}/v1alpha1", "kind": "GpuFractionParameters"}
+TENANT_LABEL = f"{DRIVER}/tenant"
 T = TypeVar("T")
 
 
@@ -179,11 +182,12 @@ def admin(control_plane: Any) -> Any:
 
 
 @contextlib.contextmanager
-def fresh_namespace(admin: Any, prefix: str) -> Iterator[str]:
-    """A new namespace (with its default ServiceAccount); its pods and itself are deleted on
-    exit."""
+def fresh_namespace(admin: Any, prefix: str, tenant: bool = True) -> Iterator[str]:
+    """A new namespace (with its default ServiceAccount), granted this driver's devices
+    (the tenant label) unless ``tenant`` is False; its pods and itself are deleted on exit."""
     name = f"{prefix}-{suffix()}"
-    ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    labels = {TENANT_LABEL: "true"} if tenant else {}
+    ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
     create(admin, ns)
     sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}
     wait_for(
@@ -341,12 +345,13 @@ def test_every_manifest_object_exists(admin: Any, installed: list[dict[str, Any]
         "MutatingAdmissionPolicy",
         "MutatingAdmissionPolicyBinding",
         "DeviceClass",
+        "NetworkPolicy",
     }
     # The API server compiled every CEL expression and found no type problems.
     vaps = admin.resources.get(
         api_version="admissionregistration.k8s.io/v1", kind="ValidatingAdmissionPolicy"
     )
-    for name in (SLICE_POLICY, PARAMS_POLICY):
+    for name in (SLICE_POLICY, PARAMS_POLICY, TENANT_POLICY, SIZES_POLICY):
 
         def checked(name: str = name) -> dict[str, Any] | None:
             vap = vaps.get(name=name).to_dict()
@@ -536,10 +541,22 @@ def test_parameter_edge_cases(admin: Any, test_ns: str, installed: Any) -> None:
     n = suffix()
     # Forms the plugin accepts: integer bytes, numeric portions, a percentage whose mode
     # comes from the class, a config without requests (applies to all).
+    # (a byte limit on a product depends on the card: Prepare checks it against the cap)
     admitted(claim(f"int-{n}", {**PARAMS, "memoryLimit": 64 * 2**30}))
-    admitted(claim(f"num-{n}", {**PARAMS, "memoryLimitPortion": 0.5}))
-    admitted(claim(f"one-{n}", {**PARAMS, "memoryLimitPortion": "1"}))
+    admitted(claim(f"num-{n}", {**PARAMS, "memoryLimitPortion": 0.25}))
+    admitted(claim(f"strportion-{n}", {**PARAMS, "memoryLimitPortion": "0.25"}))
     admitted(claim(f"pct-{n}", {**PARAMS, "activeThreadPercentage": 30}))
+    # No cap set by an admin: a ceiling above the quarter's own size is refused.
+    refused(
+        claim(f"one-{n}", {**PARAMS, "memoryLimitPortion": "1"}),
+        "memoryLimitPortion 1 on request gpu exceeds what DeviceClass gpu-quarter allows "
+        "(0.25 of the card; without a cap set by an admin a ceiling is the request)",
+    )
+    # Every problem at once (a claim with two mistakes showed only the first).
+    both = claim(f"two-{n}", {**PARAMS, "memoryLimitPortion": "0.5", "activeThreadPercentage": 150})
+    exc = rejected(lambda: create(admin, both, test_ns))
+    assert "activeThreadPercentage 150 must be an integer from 1 to 100" in status_message(exc)
+    assert "memoryLimitPortion 0.5 on request gpu exceeds" in status_message(exc)
     refused(
         claim(f"all-{n}", {**PARAMS, "memoryLimitPortion": "2"}, config_requests=None),
         "parameters for all requests: memoryLimitPortion 2",

@@ -114,18 +114,19 @@ def test_cdi_spec_with_hooks_is_valid(tmp_path: Path) -> None:
     )
     validator().validate(spec)
     hooks = spec["devices"][0]["containerEdits"]["hooks"]
-    assert [h["hookName"] for h in hooks] == ["createRuntime", "createRuntime"]
+    assert [h["hookName"] for h in hooks] == ["createRuntime"] * 3  # limits, cgroup, user
 
 
 # --- cooperative and none -----------------------------------------------------------------
 
 
-def test_cooperative_has_namespace_limit_but_no_hook(tmp_path: Path) -> None:
+def test_cooperative_has_namespace_limit_but_no_memory_hook(tmp_path: Path) -> None:
     node = Node(tmp_path, tiers={0: "cooperative"})
     with capture_logs() as logs:
         edits = node.enforcer.apply(plan(device(node.gpus[0], 6 * GIB, 12 * GIB), uid=UID_A))
     e = edits["gpu-0-quarter-0"]
-    assert e.hooks == ()
+    (user,) = e.hooks  # only the user record hook: no driver-enforced limits to apply
+    assert user.args[-2:] == ("gpu-fraction-user", str(tmp_path / "run/users" / UID_A))
     assert not any(v.startswith("NVIDIA_GPU_MEMORY_") for v in e.env)
     assert "GPU_FRACTION_MEMORY_ENFORCEMENT=cooperative" in e.env
     assert e.mounts[0].container_path == "/tmp/nvidia-mps"
@@ -396,7 +397,8 @@ def test_plan_targets_and_edits_are_pure() -> None:
         t, "/x/pipe/gpu_3/ns", MpsOptions(driver_root="/run/nvidia/driver", record_cgroups=False)
     )
     assert "NVIDIA_GPU_MEMORY_REQUEST=3072" in e.env and "NVIDIA_GPU_MEMORY_LIMIT=7168" in e.env
-    assert len(e.hooks) == 1 and e.hooks[0].args[3] == "/run/nvidia/driver"
+    assert len(e.hooks) == 2 and e.hooks[0].args[3] == "/run/nvidia/driver"
+    assert e.hooks[1].args[-2] == "gpu-fraction-user"
 
 
 # --- supervision, crash recovery, restore -------------------------------------------------

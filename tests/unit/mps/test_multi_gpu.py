@@ -338,7 +338,8 @@ def test_cooperative_multi_gpu_claim_may_differ_in_request(tmp_path: Path) -> No
     p = plan(device(g0, 10 * GIB, 40 * GIB), device(g1, 20 * GIB, 40 * GIB, name="b"), uid=UID_A)
     edits = node.enforcer.apply(p)
     assert limits(node, "time-slicing", SRV_A) == {CLAIM_NS: (40 * GIB, 100)}
-    assert all(e.hooks == () for e in edits.values())
+    # no memory-limit hook on cooperative GPUs: only the user record hook
+    assert all([h.args[-2] for h in e.hooks] == ["gpu-fraction-user"] for e in edits.values())
 
 
 def test_claim_without_mps_still_spans_gpus(tmp_path: Path) -> None:
