@@ -37,6 +37,9 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from dra_driver import DEFAULT_DRIVER_NAME
+from dra_driver.config import NodeConfig, default_node_config
+from dra_driver.gpus import SimulatedGpuSource
+from dra_driver.slices import build_slices
 from hack import local_install
 from tests.support.cdischema import validator as cdi_validator
 
@@ -52,7 +55,7 @@ TENANT_LABEL = f"{DEFAULT_DRIVER_NAME}/tenant"
 CLASS_LIMITS: dict[str, dict[str, Any]] = {
     # Caps the tests' claims burst within (chart value classLimits); others allow no burst.
     "gpu-quarter": {"maxMemoryLimitPortion": "0.5"},
-    "gpu-quarter-sm-sharing": {"maxMemoryLimit": "48Gi", "maxActiveThreadPercentage": 60},
+    "gpu-quarter-sm-sharing": {"maxMemoryLimit": "48Gi"},
     "gpu-eighth-sm-sharing": {"maxActiveThreadPercentage": 25},
 }
 WORKLOAD_IMAGE = "localhost/busybox:1.35.0"
@@ -814,6 +817,114 @@ def cdi_env(spec: Mapping[str, Any], device_index: int = 0) -> dict[str, str]:
     """The env of one CDI device of a spec, as a dict."""
     env = spec["devices"][device_index]["containerEdits"].get("env", [])
     return dict(e.split("=", 1) for e in env)
+
+
+VIRTUAL_TAINT = "gpu-fraction.dra.dev/kubelet-less"
+DEVICE_NAME = re.compile(r"gpu-(?P<gpu>[0-9]+)-(?P<mode>time-slicing|sm-sharing)(-.*)?")
+
+
+class VirtualNode:
+    """A kubelet-less node with ``gpus`` simulated H200s published as the plugin would publish
+    them with node configuration ``config`` (default: the default one): a Node object, tainted
+    so that no other test's pod lands there, and the slices ``render-slices`` prints for it,
+    published through the API. The real kube-scheduler allocates claims on it exactly as on a
+    real node; nothing runs there."""
+
+    def __init__(self, e2e: E2E, gpus: int, config: NodeConfig | None = None) -> None:
+        self.e2e = e2e
+        self.name = f"vnode-{short_id()}"
+        self.gpus = gpus
+        node = {
+            "metadata": {"name": self.name, "labels": {"kubernetes.io/hostname": self.name}},
+            "spec": {"taints": [{"key": VIRTUAL_TAINT, "effect": "NoSchedule"}]},
+        }
+        e2e.core.create_node(k8s.V1Node.from_dict(node))
+        status = {
+            "status": {
+                "conditions": [{"type": "Ready", "status": "True", "reason": "Test"}],
+                "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "250"},
+                "capacity": {"cpu": "64", "memory": "512Gi", "pods": "250"},
+            }
+        }
+        e2e.core.patch_node_status(self.name, status)
+        inventory = SimulatedGpuSource(f"simulated:H200x{gpus}", seed=self.name).discover()
+        custom = k8s.CustomObjectsApi(e2e.api)
+        config = config if config is not None else default_node_config()
+        for body in build_slices(inventory, config, DRIVER, self.name):
+            custom.create_cluster_custom_object("resource.k8s.io", "v1", "resourceslices", body)
+
+    def pod(self, name: str, device_class: str) -> None:
+        """A pod on this node with one claim of ``device_class`` from a template."""
+        self.e2e.template(name, device_class)
+        spec = {
+            "nodeSelector": {"kubernetes.io/hostname": self.name},
+            "tolerations": [{"key": VIRTUAL_TAINT, "operator": "Exists"}],
+            "containers": [{"name": "main", "resources": {"claims": [{"name": "gpu"}]}}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
+        }
+        self.e2e.create_pod(name, spec)
+
+    def scheduled(self, pod: str) -> bool:
+        return bool(self.e2e.read_pod(pod)["spec"].get("nodeName"))
+
+    def remove(self, pod: str) -> None:
+        """Delete the pod at once (no kubelet confirms it) and its claim template."""
+        self.e2e.core.delete_namespaced_pod(pod, self.e2e.namespace, grace_period_seconds=0)
+        wait_for(f"pod {pod} gone", lambda: not self.e2e.pod_exists(pod), timeout=30)
+        self.e2e.res.delete_namespaced_resource_claim_template(pod, self.e2e.namespace)
+
+    def allocations(self) -> dict[str, list[tuple[int, str, str]]]:
+        """Claim name -> (GPU index, mode, consumed slots) of each result on this node."""
+        claims = raw(
+            self.e2e.res.list_namespaced_resource_claim(self.e2e.namespace, _preload_content=False)
+        )["items"]
+        out: dict[str, list[tuple[int, str, str]]] = {}
+        for c in claims:
+            alloc = (c.get("status") or {}).get("allocation")
+            if not alloc:
+                continue
+            for r in alloc["devices"]["results"]:
+                if r["pool"] != self.name:
+                    continue
+                m = DEVICE_NAME.fullmatch(r["device"])
+                assert m, r["device"]
+                slots = (r.get("consumedCapacity") or {}).get("slots", "")
+                out.setdefault(c["metadata"]["name"], []).append((int(m["gpu"]), m["mode"], slots))
+        return out
+
+    def modes_per_gpu(self) -> dict[int, set[str]]:
+        modes: dict[int, set[str]] = {}
+        for results in self.allocations().values():
+            for gpu, mode, _ in results:
+                modes.setdefault(gpu, set()).add(mode)
+        return modes
+
+    def delete(self) -> None:
+        core = self.e2e.core
+        pods = raw(core.list_namespaced_pod(self.e2e.namespace, _preload_content=False))["items"]
+        for p in pods:
+            if p["spec"].get("nodeName") == self.name or any(
+                t.get("key") == VIRTUAL_TAINT for t in p["spec"].get("tolerations") or []
+            ):
+                with contextlib.suppress(ApiException):
+                    core.delete_namespaced_pod(
+                        p["metadata"]["name"], self.e2e.namespace, grace_period_seconds=0
+                    )
+        with contextlib.suppress(ApiException):
+            self.e2e.res.delete_collection_resource_slice(
+                field_selector=f"spec.nodeName={self.name}"
+            )
+        with contextlib.suppress(ApiException):
+            core.delete_node(self.name)
+
+
+@pytest.fixture
+def vnodes(e2e: E2E) -> Iterator[list[VirtualNode]]:
+    """Kubelet-less nodes a test made (append them); deleted after the test."""
+    made: list[VirtualNode] = []
+    yield made
+    for node in made:
+        node.delete()
 
 
 @pytest.fixture

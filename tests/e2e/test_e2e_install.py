@@ -587,7 +587,13 @@ def test_parameter_edge_cases(admin: Any, test_ns: str, installed: Any) -> None:
         claim(f"sub-{n}", limit, requests=sub, config_requests=["gpu"]),
         "memoryLimit 40Gi is below the memory requested by gpu/big (80Gi)",
     )
-    admitted(claim(f"small-{n}", limit, requests=sub, config_requests=["gpu/small"]))
+    # gpu-memory has no cap: a ceiling above the requested memory is refused as well
+    refused(
+        claim(f"small-{n}", limit, requests=sub, config_requests=["gpu/small"]),
+        "memoryLimit 40Gi on request gpu/small exceeds its requested memory 10Gi",
+    )
+    ten = {**PARAMS, "memoryLimit": "10Gi"}
+    admitted(claim(f"ten-{n}", ten, requests=sub, config_requests=["gpu/small"]))
     refused(
         claim(f"big-{n}", limit, requests=sub, config_requests=["gpu/big"]),
         "requested by gpu/big (80Gi)",

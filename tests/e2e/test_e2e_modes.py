@@ -1,145 +1,37 @@
 """The published model with the real scheduler: the compute mode follows the claims per GPU,
 the class alone chooses the size, quota per product, extended resources.
 
-Mode and packing tests run on kubelet-less nodes of this test (a Node object, tainted so that
-no other test's pod lands there, and the slices ``render-slices`` prints for it, published
-through the API): the real kube-scheduler allocates the claims exactly as on a real node,
-and nothing needs to run. The DeviceClasses and the sizing admission policy are the ones the
-session's chart installed. Extended resources run on the session's real nodes (kubelet,
-containerd, the plugin installed by the chart).
+Mode and packing tests run on kubelet-less nodes of this test (:class:`VirtualNode`): the real
+kube-scheduler allocates the claims exactly as on a real node, and nothing needs to run. The
+DeviceClasses and the sizing admission policy are the ones the session's chart installed.
+Extended resources run on the session's real nodes (kubelet, containerd, the plugin installed
+by the chart).
 """
 
 from __future__ import annotations
 
-import contextlib
 import random
-import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from dra_driver.config import default_node_config
-from dra_driver.gpus import SimulatedGpuSource
-from dra_driver.slices import build_slices
-
 pytest.register_assert_rewrite("plugin_fixtures")
 from plugin_fixtures import (  # noqa: E402
+    DEVICE_NAME,
     DRIVER,
     E2E,
     TIME_SLICING_GPUS,
+    VirtualNode,
     check_prepared,
     raw,
-    short_id,
     unschedulable,
     wait_for,
 )
 
 pytestmark = pytest.mark.e2e
 pytest_plugins = ["plugin_fixtures"]
-
-VIRTUAL_TAINT = "gpu-fraction.dra.dev/kubelet-less"
-_DEVICE = re.compile(r"gpu-(?P<gpu>[0-9]+)-(?P<mode>time-slicing|sm-sharing)(-.*)?")
-
-
-class VirtualNode:
-    """A kubelet-less node with ``gpus`` simulated H200s published as the plugin would."""
-
-    def __init__(self, e2e: E2E, gpus: int) -> None:
-        self.e2e = e2e
-        self.name = f"vnode-{short_id()}"
-        self.gpus = gpus
-        node = {
-            "metadata": {"name": self.name, "labels": {"kubernetes.io/hostname": self.name}},
-            "spec": {"taints": [{"key": VIRTUAL_TAINT, "effect": "NoSchedule"}]},
-        }
-        e2e.core.create_node(k8s.V1Node.from_dict(node))
-        status = {
-            "status": {
-                "conditions": [{"type": "Ready", "status": "True", "reason": "Test"}],
-                "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "250"},
-                "capacity": {"cpu": "64", "memory": "512Gi", "pods": "250"},
-            }
-        }
-        e2e.core.patch_node_status(self.name, status)
-        inventory = SimulatedGpuSource(f"simulated:H200x{gpus}", seed=self.name).discover()
-        custom = k8s.CustomObjectsApi(e2e.api)
-        for body in build_slices(inventory, default_node_config(), DRIVER, self.name):
-            custom.create_cluster_custom_object("resource.k8s.io", "v1", "resourceslices", body)
-
-    def pod(self, name: str, device_class: str) -> None:
-        """A pod on this node with one claim of ``device_class`` from a template."""
-        self.e2e.template(name, device_class)
-        spec = {
-            "nodeSelector": {"kubernetes.io/hostname": self.name},
-            "tolerations": [{"key": VIRTUAL_TAINT, "operator": "Exists"}],
-            "containers": [{"name": "main", "resources": {"claims": [{"name": "gpu"}]}}],
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
-        }
-        self.e2e.create_pod(name, spec)
-
-    def scheduled(self, pod: str) -> bool:
-        return bool(self.e2e.read_pod(pod)["spec"].get("nodeName"))
-
-    def remove(self, pod: str) -> None:
-        """Delete the pod at once (no kubelet confirms it) and its claim template."""
-        self.e2e.core.delete_namespaced_pod(pod, self.e2e.namespace, grace_period_seconds=0)
-        wait_for(f"pod {pod} gone", lambda: not self.e2e.pod_exists(pod), timeout=30)
-        self.e2e.res.delete_namespaced_resource_claim_template(pod, self.e2e.namespace)
-
-    def allocations(self) -> dict[str, list[tuple[int, str, str]]]:
-        """Claim name -> (GPU index, mode, consumed slots) of each result on this node."""
-        claims = raw(
-            self.e2e.res.list_namespaced_resource_claim(self.e2e.namespace, _preload_content=False)
-        )["items"]
-        out: dict[str, list[tuple[int, str, str]]] = {}
-        for c in claims:
-            alloc = (c.get("status") or {}).get("allocation")
-            if not alloc:
-                continue
-            for r in alloc["devices"]["results"]:
-                if r["pool"] != self.name:
-                    continue
-                m = _DEVICE.fullmatch(r["device"])
-                assert m, r["device"]
-                slots = (r.get("consumedCapacity") or {}).get("slots", "")
-                out.setdefault(c["metadata"]["name"], []).append((int(m["gpu"]), m["mode"], slots))
-        return out
-
-    def modes_per_gpu(self) -> dict[int, set[str]]:
-        modes: dict[int, set[str]] = {}
-        for results in self.allocations().values():
-            for gpu, mode, _ in results:
-                modes.setdefault(gpu, set()).add(mode)
-        return modes
-
-    def delete(self) -> None:
-        core = self.e2e.core
-        pods = raw(core.list_namespaced_pod(self.e2e.namespace, _preload_content=False))["items"]
-        for p in pods:
-            if p["spec"].get("nodeName") == self.name or any(
-                t.get("key") == VIRTUAL_TAINT for t in p["spec"].get("tolerations") or []
-            ):
-                with contextlib.suppress(ApiException):
-                    core.delete_namespaced_pod(
-                        p["metadata"]["name"], self.e2e.namespace, grace_period_seconds=0
-                    )
-        with contextlib.suppress(ApiException):
-            self.e2e.res.delete_collection_resource_slice(
-                field_selector=f"spec.nodeName={self.name}"
-            )
-        with contextlib.suppress(ApiException):
-            core.delete_node(self.name)
-
-
-@pytest.fixture
-def vnodes(e2e: E2E) -> Iterator[list[VirtualNode]]:
-    made: list[VirtualNode] = []
-    yield made
-    for node in made:
-        node.delete()
 
 
 def _pending(e2e: E2E, pod: str) -> dict[str, Any]:
@@ -261,7 +153,7 @@ def test_extended_resource_pod_gets_a_quarter_on_a_real_node(e2e: E2E) -> None:
         e2e.res.read_namespaced_resource_claim(claim_name, e2e.namespace, _preload_content=False)
     )
     [result] = claim["status"]["allocation"]["devices"]["results"]
-    m = _DEVICE.fullmatch(result["device"])
+    m = DEVICE_NAME.fullmatch(result["device"])
     assert m and int(m["gpu"]) in TIME_SLICING_GPUS and result["device"].endswith("-quarter")
     assert result["consumedCapacity"] == {"slots": "2"}
     view = e2e.view("er")
