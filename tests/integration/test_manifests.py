@@ -210,10 +210,34 @@ def expected_message(path: Path) -> str:
     return m.group(1).strip()
 
 
+TENANT_EXAMPLE = MANIFESTS / "tenants" / "team-a.yaml"
+TENANT_VALUES = [
+    "--set-json",
+    'tenants.namespaces={"team-a":{"gpu-eighth":4,"gpu-quarter-sm-sharing":1}}',
+]
+TENANT_HEADER = (
+    "# A tenant namespace for a plain install: the chart's rendering of\n"
+    "#   tenants: {namespaces: {team-a: {gpu-eighth: 4, gpu-quarter-sm-sharing: 1}},\n"
+    "#             createNamespaces: true}\n"
+    "# Copy it per team and change the grants; every DeviceClass of the driver stays listed (at\n"
+    '# 0 unless granted). docs/admin-guide.md, "Tenants".\n'
+    "# Regenerate: .venv/bin/python -m tests.integration.test_manifests --write\n"
+)
+
+
+def expected_tenant_example() -> str:
+    """The chart's rendering of one tenant namespace (Namespace and ResourceQuota)."""
+    text = render(*TENANT_VALUES, "--set", "tenants.createNamespaces=true")
+    return TENANT_HEADER + split_sources(text)["tenants.yaml"]
+
+
 def write_manifests() -> None:
     for name, text in expected_manifests().items():
         (MANIFESTS / name).write_text(text)
         print(f"wrote {MANIFESTS / name}")
+    TENANT_EXAMPLE.parent.mkdir(exist_ok=True)
+    TENANT_EXAMPLE.write_text(expected_tenant_example())
+    print(f"wrote {TENANT_EXAMPLE}")
 
 
 # --- helm -------------------------------------------------------------------------------------
@@ -240,6 +264,14 @@ def test_plain_manifests_are_the_default_rendering() -> None:
         )
     present = {p.name for p in MANIFESTS.glob("*.yaml")}
     assert present == set(expected) | HAND_WRITTEN
+
+
+def test_tenant_example_is_the_charts_rendering() -> None:
+    assert TENANT_EXAMPLE.read_text() == expected_tenant_example(), (
+        "run: .venv/bin/python -m tests.integration.test_manifests --write"
+    )
+    kinds = [d["kind"] for d in file_docs(TENANT_EXAMPLE)]
+    assert kinds == ["Namespace", "ResourceQuota"]
 
 
 def test_default_rendering_kinds_and_names() -> None:
