@@ -68,9 +68,9 @@ def ask(pipe: str, request: Request) -> Completed:
 def start_detached(argv: Sequence[str], log: Path) -> Completed:
     """Start this program again as a daemon in its own session (stdio detached, stderr to
     ``<log>/control.log``) and return what it reports within :data:`START_TIMEOUT_S`."""
-    log.mkdir(parents=True, exist_ok=True)
     read_end, write_end = os.pipe()
     try:
+        log.mkdir(parents=True, exist_ok=True)
         with (log / "control.log").open("ab") as errors:
             proc = subprocess.Popen(
                 [sys.executable, str(emulator_path()), *argv],
@@ -81,6 +81,9 @@ def start_detached(argv: Sequence[str], log: Path) -> Completed:
                 stderr=errors,
                 start_new_session=True,
             )
+    except OSError as exc:
+        os.close(read_end)
+        return Completed(1, "", f"Cannot start MPS control daemon: {exc}")
     finally:
         os.close(write_end)
     try:
