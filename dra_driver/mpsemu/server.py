@@ -133,8 +133,8 @@ class ServerLoop:
                     self._read_orders()
                 elif kind == "listen":
                     self._accept(space)
-                else:
-                    self._read_client(self.conns[key.fileobj])  # type: ignore[index]
+                elif key.fileobj in self.conns:  # not dropped earlier in this round
+                    self._read_client(self.conns[key.fileobj])
                 if not self.running:
                     break
             now = time.monotonic()
