@@ -154,6 +154,8 @@ def test_driver_daemon_control_probe_and_crash(root: Path) -> None:
     assert is_socket(daemon.pipe_dir / "control")  # stale, as a crashed daemon leaves it
     assert (ns_dir / "control").exists()
     assert not daemon.alive()
+    refused = ctl.run("-p", "3", "-m", "-d", check=False)  # control + PID file still there
+    assert refused.rc == 1 and "already running" in refused.stderr
 
     assert daemon.ensure_running() is True
     assert daemon_pid(daemon.pipe_dir) != old and ctl.server_list() == []
