@@ -1,0 +1,27 @@
+"""An emulator of NVIDIA MPS for nodes without GPUs.
+
+The control daemon's semantics are one state machine (:mod:`.state`, records in :mod:`.model`),
+shared by the in-process test fake (``tests/support/fakes/mps_control.py``, plain files) and
+the emulator program real processes talk to (:mod:`.processes`, real sockets and processes).
+
+Use: run :func:`emulator_path` where the driver runs ``nvidia-cuda-mps-control`` (e.g.
+``MpsOptions(control_binary=str(emulator_path()))``, or ``MpsDaemon(..., binary=...)``), with
+the usual ``CUDA_MPS_PIPE_DIRECTORY``/``CUDA_MPS_LOG_DIRECTORY``/``CUDA_MPS_PROTOCOL_VERSION``:
+
+- ``nvidia-cuda-mps-control -p 3 -m -d`` starts a daemon (:mod:`.daemon`) listening on
+  ``<pipe>/control`` (:mod:`.wire`), PID in ``<pipe>/nvidia-cuda-mps-control.pid``, log in
+  ``<log>/control.log``; ``-f`` runs it in the foreground (commands on stdin too), ``-q``
+  stops it; other invocations are commands sent to it (:mod:`.cli`);
+- ``server create`` starts an ``nvidia-cuda-mps-server`` process (:mod:`.server`) with a
+  socket per namespace; ``MPS_EMULATOR_VISIBLE_GPUS`` (comma-separated UUIDs; unset: all)
+  says which GPUs servers can open;
+- ``python3 probe.py`` (:mod:`.probe`, standard library only) is a tenant: with
+  ``CUDA_MPS_PIPE_DIRECTORY`` at a namespace directory it attaches and reports its limits.
+
+The launchers are files in ``bin/``, not console scripts, so that nothing named like NVIDIA's
+programs lands on ``PATH``.
+"""
+
+from dra_driver.mpsemu.paths import emulator_path
+
+__all__ = ["emulator_path"]

@@ -1,0 +1,219 @@
+"""The MPS emulator with real processes: the control program, its daemon, server processes,
+the driver's own MpsDaemon/MpsControl over SubprocessRunner, and tenant probes.
+
+Every test runs in a private directory under /tmp (short socket paths); every process that
+mentions it is killed at the end (``tests.support.mpsemu.private_root``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import stat
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dra_driver.mps.control import MpsCommandError
+from dra_driver.mps.daemon import MpsDaemon
+from dra_driver.mpsemu import emulator_path
+from dra_driver.runner import SubprocessRunner
+from tests.support.mpsemu import Probe, alive, private_root, wait_for
+
+pytestmark = pytest.mark.integration
+
+GPU_A = "GPU-0a0a0a0a-0000-4000-8000-000000000001"
+GPU_B = "GPU-0b0b0b0b-0000-4000-8000-000000000002"
+CSV = "--format=csv,noheader"
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    with private_root() as path:
+        yield path
+
+
+@pytest.fixture(autouse=True)
+def visible_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MPS_EMULATOR_VISIBLE_GPUS", GPU_A)
+
+
+def is_socket(path: Path) -> bool:
+    return path.exists() and stat.S_ISSOCK(path.stat().st_mode)
+
+
+def emu(root: Path, *args: str) -> tuple[int, str, str]:
+    env = {
+        "CUDA_MPS_PIPE_DIRECTORY": str(root / "pipe"),
+        "CUDA_MPS_LOG_DIRECTORY": str(root / "log"),
+        "CUDA_MPS_PROTOCOL_VERSION": "3",
+    }
+    done = SubprocessRunner(timeout=20).run([str(emulator_path()), *args], env=env)
+    return done.rc, done.stdout, done.stderr
+
+
+def daemon_pid(pipe: Path) -> int:
+    return int((pipe / "nvidia-cuda-mps-control.pid").read_text())
+
+
+def test_launchers_are_executable_files_of_the_package() -> None:
+    control = emulator_path()
+    assert control.name == "nvidia-cuda-mps-control" and os.access(control, os.X_OK)
+    assert os.access(control.with_name("nvidia-cuda-mps-server"), os.X_OK)
+    assert control.read_text().startswith("#!/usr/bin/env python3\n")
+
+
+def test_control_program_starts_answers_and_quits(root: Path) -> None:
+    pipe = root / "pipe"
+    assert emu(root, "server", "list") == (1, "", "Cannot find MPS control daemon process\n")
+    rc, out, _ = emu(root, "-h")
+    assert rc == 0 and "namespace" in out and "server" in out
+    assert emu(root, "-p", "3", "-m", "-d")[0] == 0
+    pid = daemon_pid(pipe)
+    assert alive(pid) and is_socket(pipe / "control")
+    assert (root / "log" / "control.log").is_file()
+    rc, _, err = emu(root, "-d")
+    assert rc == 1 and "already running" in err
+    assert emu(root, "server", "list", CSV) == (0, "", "")
+    assert emu(root, "namespace", "list", "--server=gpu_9")[2].strip() == "server 'gpu_9' not found"
+
+    # a malformed request, a client that leaves mid-request: answered or dropped, daemon lives
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(pipe / "control"))
+        s.sendall(b"{not json\n")
+        assert b"malformed request" in s.recv(65536)
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(pipe / "control"))
+        s.sendall(b"x" * 100_000 + b"\n")
+        assert b"longer than" in s.recv(65536)
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(pipe / "control"))
+        s.sendall(b'{"args": ["server", ')
+    assert emu(root, "server", "create", "gpu_0", "--uid=0", f"--allowed-devices={GPU_A}")[0] == 0
+    server = int(emu(root, "server", "list", CSV)[1].split(",")[2])
+    assert alive(server)
+    # the server answers a malformed greeting with an error and goes on serving
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(5)
+        s.connect(str(pipe / "gpu_0" / "control"))
+        s.sendall(b"HELLO nope\n")
+        assert s.recv(4096).startswith(b"ERROR")
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(5)
+        s.connect(str(pipe / "gpu_0" / "control"))
+        s.sendall(b"HELLO 1 raw test\nPING\n")
+        welcome = s.recv(4096).decode()
+        assert welcome.startswith(f"WELCOME server=gpu_0 server_pid={server} namespace=default")
+        rows = emu(root, "client", "list", CSV)[1]
+        assert rows == f"{os.getpid()},gpu_0,0,default,raw test\n"  # the peer's PID
+
+    assert emu(root, "-q")[0] == 0
+    assert not (pipe / "control").exists() and not (pipe / "nvidia-cuda-mps-control.pid").exists()
+    wait_for(lambda: not alive(pid) and not alive(server), 10, "daemon and server to exit")
+    assert emu(root, "-q") == (1, "", "Cannot find MPS control daemon process\n")
+
+
+def test_driver_daemon_control_probe_and_crash(root: Path) -> None:
+    runner = SubprocessRunner(timeout=20)
+    daemon = MpsDaemon(
+        "time-slicing", root, runner, binary=str(emulator_path()), check_interval=0.05
+    )
+    ctl = daemon.control
+    assert daemon.ensure_running() is True
+    assert daemon.ensure_running() is False
+    ctl.server_create("gpu_0", [GPU_A])
+    [row] = ctl.server_list()
+    assert (row.name, row.status, row.allowed_devices) == ("gpu_0", "Ready", (GPU_A,))
+    ctl.namespace_create("c_x", "gpu_0")
+    ctl.namespace_set("c_x", "gpu_0", "4096M", 50)
+    [ns] = ctl.namespace_list("gpu_0", "c_x")
+    assert (ns.pinned_memory_limit, ns.active_thread_percentage) == ("4G", "50")
+    ns_dir = Path(ns.pipe_directory)
+    assert is_socket(ns_dir / "control")
+
+    tenant = Probe(ns_dir)
+    got = tenant.wait_line(lambda f: f.get("state") == "connected", 10)
+    assert got["server"] == "gpu_0" and got["server_pid"] == row.pid
+    assert (got["namespace"], got["pinned_memory_limit"]) == ("c_x", "4G")
+    assert got["active_thread_percentage"] == "50"
+    with pytest.raises(MpsCommandError, match="active clients"):
+        ctl.namespace_set("c_x", "gpu_0", "1024M", 10)
+    [client] = ctl.client_list("gpu_0")
+    assert (client.pid, client.server, client.namespace) == (tenant.pid, "gpu_0", "c_x")
+    tenant.wait_line(lambda f: f.get("state") == "same", 5)
+
+    old = daemon_pid(daemon.pipe_dir)
+    seen = len(tenant.lines)
+    os.kill(old, signal.SIGKILL)
+    lost = tenant.wait_line(lambda f: f.get("state") == "lost", 5, after=seen)
+    assert lost["server_pid"] == row.pid
+    wait_for(lambda: not alive(int(row.pid)), 5, "the server to exit with its daemon")
+    assert is_socket(daemon.pipe_dir / "control")  # stale, as a crashed daemon leaves it
+    assert (ns_dir / "control").exists()
+    assert not daemon.alive()
+    refused = ctl.run("-p", "3", "-m", "-d", check=False)  # control + PID file still there
+    assert refused.rc == 1 and "already running" in refused.stderr
+
+    assert daemon.ensure_running() is True
+    assert daemon_pid(daemon.pipe_dir) != old and ctl.server_list() == []
+    assert tenant.stop() == 0
+    assert tenant.raw[-1].endswith("state=stopped")
+
+
+def test_terminated_client_and_invisible_gpu(root: Path) -> None:
+    daemon = MpsDaemon("sm-sharing", root, SubprocessRunner(timeout=20), str(emulator_path()))
+    ctl = daemon.control
+    daemon.ensure_running()
+    ctl.server_create("gpu_0", [GPU_A])
+    tenant = Probe(daemon.pipe_dir / "gpu_0")  # the server's own socket: namespace default
+    got = tenant.wait_line(lambda f: f.get("state") == "connected", 10)
+    assert (got["namespace"], got["pinned_memory_limit"]) == ("default", "unlimited")
+    seen = len(tenant.lines)
+    ctl.client_terminate(tenant.pid)
+    gone = tenant.wait_line(lambda f: f.get("state") != "same", 5, after=seen)
+    assert gone["state"] == "terminated" and str(tenant.pid) in gone["reason"]
+
+    ctl.server_create("gpu_1", [GPU_B])  # accepted, then gone: MPS cannot see GPU_B
+    wait_for(lambda: [r.name for r in ctl.server_list()] == ["gpu_0"], 10, "gpu_1 to vanish")
+    assert "no CUDA-capable device is detected" in daemon.server_log_tail("gpu_1")
+    assert tenant.stop() == 0
+    daemon.stop()
+    assert not daemon.pipe_dir.exists()
+
+
+def test_foreground_daemon_reads_stdin_and_sigterm_quits(root: Path) -> None:
+    pipe = root / "pipe"
+    env = {
+        **os.environ,
+        "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
+        "CUDA_MPS_LOG_DIRECTORY": str(root / "log"),
+    }
+    fg = subprocess.Popen(
+        [str(emulator_path()), "-p", "3", "-f"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: is_socket(pipe / "control"), 10, "the foreground daemon's socket")
+        assert emu(root, "server", "create", "gpu_0")[0] == 0  # a client meanwhile
+        out, err = fg.communicate("server list --format=csv,noheader\nnamespace bogus\n", 20)
+    finally:
+        fg.kill()
+        fg.wait()
+    assert fg.returncode == 0 and out.startswith("gpu_0,0,")  # EOF on stdin: quit
+    assert "Unknown command: namespace bogus" in err
+    server = int(out.split(",")[2])
+    wait_for(lambda: not alive(server), 5, "the server to end with its daemon")
+    assert not (pipe / "control").exists()
+
+    assert emu(root, "-d")[0] == 0
+    pid = daemon_pid(pipe)
+    os.kill(pid, signal.SIGTERM)
+    wait_for(lambda: not alive(pid), 5, "the daemon to quit on SIGTERM")
+    assert not (pipe / "control").exists() and not (pipe / "nvidia-cuda-mps-control.pid").exists()

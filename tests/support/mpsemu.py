@@ -1,0 +1,120 @@
+"""Helpers of the MPS emulator's integration tests: waiting for conditions, the processes a
+test started (found by its private directory) and a running tenant probe."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import TypeVar
+
+from dra_driver.mpsemu import probe
+
+T = TypeVar("T")
+
+
+def wait_for(check: Callable[[], T | None], timeout: float, what: str) -> T:
+    """Poll ``check`` every 50 ms until it returns something truthy; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie nobody reaps counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def processes_mentioning(marker: str) -> list[int]:
+    """Live processes whose command line or environment contains ``marker``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            text = (entry / "cmdline").read_bytes() + (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in text and alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+@contextmanager
+def private_root() -> Iterator[Path]:
+    """A short directory under /tmp (socket paths must stay under 108 bytes); on exit every
+    process that mentions it is killed and the directory removed."""
+    root = Path(tempfile.mkdtemp(prefix="mpse", dir="/tmp"))
+    try:
+        yield root
+    finally:
+        for pid in processes_mentioning(str(root)):
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not processes_mentioning(str(root)), 10, "test processes to end")
+        subprocess.run(["rm", "-rf", str(root)], check=False)
+
+
+class Probe:
+    """A running tenant probe (``python3 probe.py``) whose lines are collected as they come.
+
+    Args:
+        pipe: the ``CUDA_MPS_PIPE_DIRECTORY`` it connects through.
+        env: more environment (the marker of :func:`private_root` must be in it or in pipe).
+    """
+
+    def __init__(self, pipe: Path, env: Mapping[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, probe.__file__],
+            env={**os.environ, **(env or {}), "CUDA_MPS_PIPE_DIRECTORY": str(pipe)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: list[dict[str, str]] = []
+        self.raw: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.raw.append(line.rstrip("\n"))
+            self.lines.append(probe.parse_line(line))
+
+    def wait_line(
+        self, predicate: Callable[[dict[str, str]], bool], timeout: float, after: int = 0
+    ) -> dict[str, str]:
+        """The first line from index ``after`` on that matches ``predicate``."""
+        return wait_for(
+            lambda: next((f for f in self.lines[after:] if predicate(f)), None),
+            timeout,
+            f"a matching probe line; got {self.raw[after:]}",
+        )
+
+    def stop(self) -> int:
+        """SIGTERM; the exit status (it must stop within 5 s)."""
+        self.proc.terminate()
+        rc = self.proc.wait(5)
+        self._reader.join(5)
+        return rc
