@@ -1,268 +1,62 @@
-"""The ``dra-driver`` command line (also ``python -m dra_driver``)."""
+"""The ``dra-driver`` command line (also ``python -m dra_driver``): dispatch to the
+subcommands, whose arguments :mod:`dra_driver.cliargs` defines."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from dra_driver import DEFAULT_DRIVER_NAME, logs
-from dra_driver.budget import DEFAULT_CALL_BUDGET_S, KUBELET_CALL_TIMEOUT_S
+from dra_driver import logs
+from dra_driver.cliargs import build_parser
 from dra_driver.errors import DriverError
-from dra_driver.kubelet.server import DEFAULT_PLUGIN_DIR, DEFAULT_REGISTRY_DIR
-
-DEFAULT_CDI_ROOT = "/var/run/cdi"
-DEFAULT_STATE_DIR = "/var/lib/gpu-fraction-dra"
-DEFAULT_METRICS_BIND_ADDRESS = "127.0.0.1"
-"""Loopback only unless told otherwise: the metrics name claims and namespaces."""
+from dra_driver.readcmds import occupancy_command, status_command
 
 
-def _percentage(text: str) -> int:
-    """argparse type: an integer percentage 1..100."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not 1 <= value <= 100:
-        raise argparse.ArgumentTypeError(f"{value} is outside 1..100")
-    return value
+def mps_control(binary: str | None, gpus: str) -> str:
+    """The MPS control program: ``--mps-control``, else the emulator for simulated GPUs, else
+    ``nvidia-cuda-mps-control``."""
+    if binary:
+        return binary
+    if gpus.startswith("simulated:"):
+        from dra_driver.mpsemu import emulator_path
+
+        return str(emulator_path())
+    return "nvidia-cuda-mps-control"
 
 
-def _call_budget(text: str) -> float:
-    """argparse type: seconds, at least 1 and below the kubelet's 45 s call timeout."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 1 <= value < KUBELET_CALL_TIMEOUT_S:
-        raise argparse.ArgumentTypeError(
-            f"{value:g} s is outside [1, {KUBELET_CALL_TIMEOUT_S:g}): the kubelet gives each "
-            f"call {KUBELET_CALL_TIMEOUT_S:g} s"
-        )
-    return value
+def _mps_service(args: argparse.Namespace) -> int:
+    """``dra-driver mps-service``."""
+    from dra_driver.mps.service import ServiceOptions, run_service
 
+    if not args.node_name:
+        print("error: --node-name (or NODE_NAME) is required", file=sys.stderr)
+        return 2
+    env: dict[str, str] = {}
+    if args.gpus.startswith("simulated:"):
+        from dra_driver.gpus import open_source
+        from dra_driver.mpsemu.daemon import VISIBLE_GPUS_ENV
 
-def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--driver",
-        default=os.environ.get("DRA_DRIVER_NAME", DEFAULT_DRIVER_NAME),
-        help=f"DRA driver name (default {DEFAULT_DRIVER_NAME}; env DRA_DRIVER_NAME)",
+        try:
+            gpus = open_source(args.gpus, seed=args.node_name).discover().gpus
+        except DriverError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        env[VISIBLE_GPUS_ENV] = ",".join(g.uuid for g in gpus)
+    opts = ServiceOptions(
+        node=args.node_name,
+        root=Path(args.mps_root),
+        binary=mps_control(args.mps_control, args.gpus),
+        env=env,
+        interval=args.interval,
     )
-    p.add_argument(
-        "--log-level",
-        default="info",
-        choices=logs.LEVELS,
-        help="least severe level logged, to stderr (default %(default)s)",
-    )
-    p.add_argument(
-        "--log-format",
-        default="json",
-        choices=("json", "console"),
-        help="json: one JSON object per line, for log collectors; console: text for humans "
-        "(default %(default)s)",
-    )
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="dra-driver",
-        description="Kubernetes DRA driver that shares NVIDIA GPUs as memory-capped fractions.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    p = sub.add_parser(
-        "kubelet-plugin",
-        help="run the node plugin (the main job)",
-        description="Serve the kubelet (registration, DRA v1/v1beta1, health), publish this "
-        "node's ResourceSlices, and prepare/unprepare claims.",
-    )
-    _add_common(p)
-    p.add_argument(
-        "--node-name",
-        default=os.environ.get("NODE_NAME"),
-        help="this node (required; or env NODE_NAME)",
-    )
-    p.add_argument(
-        "--gpus",
-        default=os.environ.get("GPUS", "nvml"),
-        help="GPU source: 'nvml' (default) or 'simulated:H200x8' etc. (env GPUS)",
-    )
-    p.add_argument(
-        "--kubeconfig",
-        default=os.environ.get("KUBECONFIG"),
-        help="kubeconfig file (default: $KUBECONFIG, else the pod's service account)",
-    )
-    p.add_argument(
-        "--plugin-dir",
-        default=DEFAULT_PLUGIN_DIR,
-        help="kubelet plugin directory; the DRA socket goes into <dir>/<driver> (default "
-        "%(default)s; change it when the kubelet's --root-dir is not /var/lib/kubelet)",
-    )
-    p.add_argument(
-        "--registry-dir",
-        default=DEFAULT_REGISTRY_DIR,
-        help="kubelet plugin registration directory (default %(default)s)",
-    )
-    p.add_argument(
-        "--cdi-root",
-        default=DEFAULT_CDI_ROOT,
-        help="where CDI specs are written: a directory the container runtime reads CDI specs "
-        "from (default %(default)s)",
-    )
-    p.add_argument(
-        "--state-dir",
-        default=DEFAULT_STATE_DIR,
-        help="checkpoint of prepared claims; a host path that survives plugin restarts "
-        "(default %(default)s)",
-    )
-    p.add_argument("--node-config", default=None, help="node configuration YAML file")
-    p.add_argument(
-        "--rolling-update-uid",
-        default=os.environ.get("POD_UID", ""),
-        help="pod UID for rolling-update socket names (env POD_UID); empty: classic names",
-    )
-    p.add_argument(
-        "--metrics-port", type=int, default=0, help="serve /metrics here (default 0: off)"
-    )
-    p.add_argument(
-        "--metrics-bind-address",
-        default=DEFAULT_METRICS_BIND_ADDRESS,
-        help="address /metrics listens on (default 127.0.0.1: this host only; the Helm chart "
-        "passes 0.0.0.0 so that probes and Prometheus reach the pod IP)",
-    )
-    p.add_argument(
-        "--mps-root",
-        default="/run/gpu-fraction",
-        help="MPS pipe/log/state root (default %(default)s)",
-    )
-    p.add_argument(
-        "--mps-control",
-        default="nvidia-cuda-mps-control",
-        help="MPS control binary (default %(default)s)",
-    )
-    p.add_argument(
-        "--cdi-hook",
-        default="/usr/bin/nvidia-cdi-hook",
-        help="host path of the NVIDIA container toolkit's CDI hook, hard enforcement tier "
-        "(default %(default)s)",
-    )
-    p.add_argument(
-        "--simulation-root",
-        default="",
-        help="simulated GPUs only: where the node's device nodes and the recording hook are "
-        "created (a host path, the same inside the plugin's container; default: "
-        "<state-dir>/simulated)",
-    )
-    p.add_argument(
-        "--simulated-cdi-hook",
-        default="",
-        help="simulated GPUs only: path of the recording stand-in for nvidia-cdi-hook that the "
-        "hard tier's specs name (default: <simulation-root>/bin/nvidia-cdi-hook)",
-    )
-    p.add_argument(
-        "--driver-root", default="/", help="host root of the NVIDIA driver files (default /)"
-    )
-    p.add_argument(
-        "--host-root", default="/", help="where the host's / is visible, for detection (default /)"
-    )
-    p.add_argument(
-        "--default-active-thread-percentage",
-        type=_percentage,
-        default=100,
-        help="SM ceiling (1..100) of sm-sharing claims that set none (default 100)",
-    )
-    p.add_argument(
-        "--time-slicing-compute-mode",
-        default="EXCLUSIVE_PROCESS",
-        choices=("EXCLUSIVE_PROCESS", "DEFAULT"),
-        help="NVML compute mode of time-slicing GPUs while MPS serves them (default %(default)s)",
-    )
-    p.add_argument(
-        "--sm-sharing-compute-mode",
-        default="EXCLUSIVE_PROCESS",
-        choices=("EXCLUSIVE_PROCESS", "DEFAULT"),
-        help="NVML compute mode of sm-sharing GPUs while MPS serves them (default %(default)s)",
-    )
-    p.add_argument(
-        "--publish-interval",
-        type=float,
-        default=30.0,
-        help="seconds between slice syncs (default %(default)g)",
-    )
-    p.add_argument(
-        "--claim-device-status",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="after Prepare, write each claim's status.devices (GPU, memory, compute mode, "
-        "enforcement; needs the RBAC of the chart's rbac.claimDeviceStatus; default "
-        "%(default)s)",
-    )
-    p.add_argument(
-        "--call-budget",
-        type=_call_budget,
-        default=DEFAULT_CALL_BUDGET_S,
-        help="seconds each NodePrepareResources/NodeUnprepareResources call may take, shared "
-        f"by its claims (default {DEFAULT_CALL_BUDGET_S:g}; below the kubelet's "
-        f"{KUBELET_CALL_TIMEOUT_S:g} s)",
-    )
-
-    p = sub.add_parser(
-        "render-slices",
-        help="print the ResourceSlices a node would publish (JSON array)",
-        description="Print, as a JSON array of resource.k8s.io/v1 objects, exactly the "
-        "ResourceSlices the plugin would publish for this node.",
-    )
-    _add_common(p)
-    p.add_argument("--node", required=True, help="node name (also the pool name)")
-    p.add_argument("--gpus", required=True, help="GPU source, e.g. simulated:H200x8 or nvml")
-    p.add_argument("--config", default=None, help="node configuration YAML file")
-
-    p = sub.add_parser(
-        "status",
-        help="show the claims prepared on this node (from the checkpoint)",
-        description="Print the claims recorded in the checkpoint (namespace, name, devices "
-        "with their CDI device IDs) as JSON. Read-only; exit 2 if the checkpoint is unreadable.",
-    )
-    _add_common(p)
-    p.add_argument(
-        "--state-dir",
-        default=DEFAULT_STATE_DIR,
-        help="the plugin's --state-dir, where the checkpoint is (default %(default)s)",
-    )
-
-    p = sub.add_parser(
-        "occupancy",
-        help="show each GPU's mode, promised and free memory, its claims, and why pods wait",
-        description="Read-only, from the API server only (ResourceSlices, ResourceClaims, "
-        "ResourceClaimTemplates, Pods, ResourceQuotas, DeviceClasses, Nodes): per node and "
-        "GPU its compute mode, enforcement tier, memory promised to claims and free (GiB "
-        "rounded down), its device taints, the claims and pods holding it; then each "
-        "Pending pod waiting for one of the driver's classes with the likely reason. Exit 2 "
-        "when the API server cannot be read.",
-    )
-    _add_common(p)
-    p.add_argument(
-        "--kubeconfig",
-        default=None,
-        help="default: $KUBECONFIG, else ~/.kube/config, else in-cluster",
-    )
-    p.add_argument("--node", default=None, help="show only this node's GPUs")
-    p.add_argument(
-        "-o",
-        "--output",
-        default="table",
-        choices=("table", "json"),
-        help="table (aligned columns) or json (stable keys, exact bytes) (default table)",
-    )
-    return parser
+    return run_service(opts)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit code (2 for usage/config errors)."""
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     logs.configure(args.log_level, args.log_format)
     if args.command == "render-slices":
         from dra_driver.gpus import Inventory
@@ -280,9 +74,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return 0
     if args.command == "status":
-        return _status(Path(args.state_dir))
+        return status_command(Path(args.state_dir))
     if args.command == "occupancy":
-        return _occupancy(args.kubeconfig, args.driver, args.node, args.output)
+        return occupancy_command(args.kubeconfig, args.driver, args.node, args.output)
+    if args.command == "mps-service":
+        return _mps_service(args)
     from kubernetes.config import ConfigException
 
     from dra_driver.mps.enforcer import MpsOptions
@@ -310,9 +106,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         host_root=args.host_root,
         simulation_root=args.simulation_root,
         simulated_cdi_hook=args.simulated_cdi_hook,
+        simulated_enforcer=args.simulated_enforcer,
         mps=MpsOptions(
             root=args.mps_root,
-            control_binary=args.mps_control,
+            control_binary=mps_control(args.mps_control, args.gpus),
+            service=args.mps_service == "separate",
             ctk_hook_path=args.cdi_hook,
             driver_root=args.driver_root,
             default_active_thread_percentage=args.default_active_thread_percentage,
@@ -325,68 +123,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (DriverError, ConfigException, OSError) as exc:
         print(f"error: cannot start the kubelet plugin: {exc}", file=sys.stderr)
         return 2
-
-
-def _status(state_dir: Path) -> int:
-    """``dra-driver status``: print the checkpoint read-only; exit 2 when it is unusable."""
-    from dra_driver.checkpoint import CheckpointFormatError, parse, read_boot_id
-
-    if not state_dir.is_dir():
-        print(f"error: state directory {state_dir} does not exist", file=sys.stderr)
-        return 2
-    path = state_dir / "checkpoint.json"
-    if not path.exists():
-        print(json.dumps({"claims": {}}))
-        return 0
-    try:
-        doc = parse(path.read_bytes())
-    except (OSError, CheckpointFormatError) as exc:
-        print(f"error: checkpoint {path} is unusable: {exc}", file=sys.stderr)
-        return 2
-    current = doc.get("bootId") == read_boot_id()
-    summary = {
-        uid: {k: rec.get(k) for k in ("namespace", "name", "devices")}
-        for uid, rec in doc["claims"].items()
-    }
-    out = {"bootId": doc.get("bootId"), "currentBoot": current, "claims": summary}
-    if not current:
-        out["note"] = "checkpoint is from an earlier boot; the plugin discards it at start"
-    print(json.dumps(out, indent=2))
-    return 0
-
-
-def _occupancy(kubeconfig: str | None, driver: str, node: str | None, output: str) -> int:
-    """``dra-driver occupancy``: print the report; exit 2 when the API cannot be read."""
-    from kubernetes.client.exceptions import ApiException
-    from kubernetes.config import ConfigException
-    from urllib3.exceptions import HTTPError
-
-    from dra_driver.occupancy import render_json, render_table
-    from dra_driver.occupancyread import api_client, read_cluster
-    from dra_driver.occupancywait import build_report
-
-    try:
-        with api_client(kubeconfig) as api:
-            cluster = read_cluster(api, driver)
-    except ApiException as exc:
-        print(
-            f"error: the API server refused a list call: {exc.status} {exc.reason}; "
-            "occupancy needs list on resourceslices, resourceclaims, resourceclaimtemplates, "
-            "deviceclasses, pods, resourcequotas and nodes",
-            file=sys.stderr,
-        )
-        return 2
-    except ConfigException as exc:  # names the file and what to do
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
-    except (HTTPError, OSError) as exc:
-        message = " ".join(str(exc).split())
-        print(
-            f"error: cannot read the API server: {message}; check the kubeconfig's server "
-            "address and that the API server runs",
-            file=sys.stderr,
-        )
-        return 2
-    report = build_report(cluster, driver, node)
-    print(render_json(report) if output == "json" else render_table(report))
-    return 0

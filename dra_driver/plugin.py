@@ -31,13 +31,14 @@ from dra_driver.devicehealth import device_health
 from dra_driver.devices import DeviceStatus, FractionDevice
 from dra_driver.devicetaints import DeviceTaint, TaintMemory
 from dra_driver.gpus import GpuSource, Inventory, open_source, simnode
+from dra_driver.gpus.simnvml import SimulatedNvml
 from dra_driver.kubeconfig import api_client
 from dra_driver.kubelet.server import PluginServer, SocketPaths
 from dra_driver.locking import PrepareLock
 from dra_driver.metrics import Metrics
 from dra_driver.mps import FractionEnforcer, RecordingEnforcer
 from dra_driver.mps.enforcer import MpsEnforcer, MpsOptions
-from dra_driver.mps.nvml import PynvmlFacade
+from dra_driver.mps.nvml import NvmlFacade, PynvmlFacade
 from dra_driver.mps.usage import MpsUsageSource
 from dra_driver.offer import offered_devices
 from dra_driver.preparation import ClaimPreparation
@@ -75,10 +76,11 @@ class PluginOptions:
     host_root: str = "/"
     simulation_root: str = ""
     simulated_cdi_hook: str = ""
+    simulated_enforcer: str = "mps"
 
     @property
     def simulated(self) -> bool:
-        """Whether the GPUs are simulated (then enforcement is recorded, not applied)."""
+        """Whether the GPUs are simulated (then NVML is simulated and MPS is the emulator's)."""
         return self.gpus.startswith("simulated:")
 
     @property
@@ -110,6 +112,11 @@ class NodeState:
         with self._lock:
             self.inventory, self._devices = inventory, devices
             self._seen.update(devices)
+
+    def present_uuids(self) -> list[str]:
+        """UUIDs of the GPUs the last discovery found."""
+        with self._lock:
+            return [g.uuid for g in self.inventory.gpus]
 
     def devices(self) -> Mapping[str, FractionDevice]:
         """The current fraction devices by name."""
@@ -198,16 +205,22 @@ def read_node_uid(api: k8s.ApiClient, node_name: str) -> str | None:
 
 
 def make_enforcer(
-    opts: PluginOptions, report: EnforcementReport
+    opts: PluginOptions, report: EnforcementReport, state: NodeState
 ) -> tuple[FractionEnforcer, UsageSource | None]:
     """The enforcer for this node and its usage source for accounting.
 
-    Simulated GPUs get the :class:`RecordingEnforcer` (no usage source), which creates the
-    pipe directories its specs mount; real GPUs the MPS enforcer with NVML.
+    The MPS enforcer: with NVML on real GPUs; on simulated ones with simulated NVML
+    (:mod:`dra_driver.gpus.simnvml`) and the MPS emulator as the control program. Simulated
+    GPUs with ``--simulated-enforcer recording`` get the :class:`RecordingEnforcer` instead (no
+    MPS at all; it creates the pipe directories its specs mount).
     """
-    if opts.simulated:
+    if opts.simulated and opts.simulated_enforcer == "recording":
         return RecordingEnforcer(tiers=report.tiers, options=opts.mps, make_dirs=True), None
-    nvml = PynvmlFacade()
+    nvml: NvmlFacade
+    if opts.simulated:
+        nvml = SimulatedNvml(opts.sim_root / "nvml", state.present_uuids)
+    else:
+        nvml = PynvmlFacade()
     options = replace(opts.mps, dmem_backend=report.node.dmem_backend)
     enforcer = MpsEnforcer(report.tiers, nvml, SubprocessRunner(), options)
     return enforcer, MpsUsageSource(enforcer, nvml)
@@ -301,7 +314,7 @@ class Startup:
             control_binary=opts.mps.control_binary,
             hook_path=opts.mps.ctk_hook_path,
         )
-        enforcer, usage = make_enforcer(opts, report)
+        enforcer, usage = make_enforcer(opts, report, state)
         api = api_client(opts.kubeconfig)
         metrics = Metrics()
         on_prepared = None

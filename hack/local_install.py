@@ -20,15 +20,19 @@ CACHE = Path(os.environ.get("DRA_DRIVER_CACHE", str(Path.home() / ".cache" / "dr
 BIN = CACHE / "bin"
 
 
-def plugin_image() -> tuple[str, str]:
-    """(repository, tag) of the plugin image that ``make image`` builds."""
-    ref = subprocess.run(
-        [sys.executable, str(HACK / "build-image"), "--print-ref", "plugin"],
+def image_ref(image: str) -> str:
+    """The reference of an image that ``make image`` builds (``plugin``, ``tenant``, ...)."""
+    return subprocess.run(
+        [sys.executable, str(HACK / "build-image"), "--print-ref", image],
         capture_output=True,
         text=True,
         check=True,
     ).stdout.strip()
-    repo, _, tag = ref.rpartition(":")
+
+
+def plugin_image() -> tuple[str, str]:
+    """(repository, tag) of the plugin image that ``make image`` builds."""
+    repo, _, tag = image_ref("plugin").rpartition(":")
     return repo, tag
 
 

@@ -30,6 +30,7 @@ from dra_driver.atomicfile import ensure_dir, write_atomic
 from dra_driver.mps.base import MpsError
 from dra_driver.mps.control import MpsCommandError, MpsControl, MpsTimeout
 from dra_driver.mps.names import CONTROL_BINARY, daemon_pipe_dir
+from dra_driver.mps.readiness import ReadinessError, read_state, state_path
 from dra_driver.runner import Runner
 from dra_driver.vocabulary import COMPUTE_MODES, ComputeMode
 
@@ -93,6 +94,11 @@ class MpsDaemon:
         self.sleep = sleep
         self.starts = 0
         """How many times this object started the daemon (first start plus restarts)."""
+
+    def service_problem(self) -> str | None:
+        """Why the MPS node service cannot serve this daemon now; None: no service involved
+        (this daemon is the plugin's own) or it is ready."""
+        return None
 
     def alive(self) -> bool:
         """Whether the daemon answers ``server list`` (False also when it is hung)."""
@@ -179,3 +185,49 @@ class MpsDaemon:
         except OSError:
             return ""
         return " | ".join(text.strip().splitlines()[-lines:])
+
+
+class ServiceDaemon(MpsDaemon):
+    """A control daemon the MPS node service runs (:mod:`dra_driver.mps.service`): the plugin is
+    its client only. It never starts or stops the daemon; :meth:`ensure_running` checks that the
+    service says the daemon is ready (:mod:`dra_driver.mps.readiness`) and that it answers.
+
+    Args: as :class:`MpsDaemon`.
+    """
+
+    @property
+    def state_file(self) -> Path:
+        """The service's readiness file (``<root>/service.json``)."""
+        return state_path(self.dir.parent)
+
+    def service_problem(self) -> str | None:
+        """Why the service cannot serve this daemon's mode now, or None."""
+        try:
+            state = read_state(self.state_file)
+        except ReadinessError as exc:
+            return f"no MPS service on this node ({exc})"
+        if not state.service_alive():
+            return f"the MPS service (pid {state.pid}) is not running"
+        return state.problem(self.mode)
+
+    def ensure_running(self) -> bool:
+        """Check that the service runs this mode's daemon and it answers; never starts one.
+
+        Raises:
+            MpsTimeout: the daemon runs but does not answer in time.
+            MpsError: the service is not ready (the message says why and names the DaemonSet
+                that runs it).
+        """
+        problem = self.service_problem()
+        if problem is None and not self._running():
+            problem = f"the {self.mode} control daemon does not answer at {self.pipe_dir}"
+        if problem is not None:
+            raise MpsError(
+                f"MPS service not ready on this node: {problem}. The MPS node service (the "
+                "gpu-fraction-dra-mps DaemonSet, dra-driver mps-service) runs the control "
+                "daemons; claims that need MPS fail until it is back"
+            )
+        return False
+
+    def stop(self) -> None:
+        """Nothing: the service owns the daemon (it keeps running for the next claims)."""

@@ -45,7 +45,7 @@ from dra_driver.cdi import ContainerEdits
 from dra_driver.claimplan import ClaimPlan
 from dra_driver.mps.base import GpuHealth, MpsError
 from dra_driver.mps.computemode import ComputeModes
-from dra_driver.mps.daemon import MpsDaemon
+from dra_driver.mps.daemon import MpsDaemon, ServiceDaemon
 from dra_driver.mps.edits import CONTAINER_PIPE_DIR, target_edits
 from dra_driver.mps.health import HealthRepair
 from dra_driver.mps.janitor import SoftLimitJanitor
@@ -102,8 +102,9 @@ class MpsEnforcer:
         self.nvml = nvml
         self._lock = threading.RLock()
         self._ledger = Ledger(self.tiers, opts.default_active_thread_percentage)
+        daemon = ServiceDaemon if opts.service else MpsDaemon
         self.daemons: dict[str, MpsDaemon] = {
-            mode: MpsDaemon(
+            mode: daemon(
                 mode,
                 opts.mps_root,
                 runner,

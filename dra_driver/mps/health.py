@@ -11,6 +11,7 @@ from dra_driver.mps.base import GpuHealth, MpsError
 from dra_driver.mps.lifecycle import ClaimLifecycle
 from dra_driver.mps.objects import EFFECT_ERRORS
 from dra_driver.mps.targets import FractionTarget
+from dra_driver.vocabulary import Tier
 
 log = structlog.get_logger(__name__)
 
@@ -22,11 +23,14 @@ class HealthRepair:
 
     Attributes:
         daemon_restarts: control daemons found not answering (and restarted) so far.
+        service_down: the MPS node service was not ready at the last check (every daemon
+            has a :meth:`~dra_driver.mps.daemon.MpsDaemon.service_problem`).
     """
 
     def __init__(self, life: ClaimLifecycle) -> None:
         self.life = life
         self.daemon_restarts = 0
+        self.service_down = False
 
     def check(self) -> dict[str, GpuHealth]:
         """Retry pending claims, then check every daemon, server and namespace that applied
@@ -38,18 +42,36 @@ class HealthRepair:
         """
         self._retry_pending()
         health: dict[str, GpuHealth] = {}
-        for mode, daemon in self.life.objects.daemons.items():
+        daemons = self.life.objects.daemons
+        problems = {m: d.service_problem() for m, d in daemons.items()}
+        if daemons and all(problems.values()):
+            # No MPS service: every GPU that MPS enforces is unusable, claims or not.
+            detail = f"MPS service not ready: {problems[next(iter(problems))]}"
+            for uuid, tier in self.life.tiers.items():
+                if tier != Tier.NONE:
+                    health[uuid] = GpuHealth(uuid, False, detail[:1024])
+        for mode, daemon in daemons.items():
             targets = self.life.ledger.mode_targets(mode)
             if not targets:
                 continue
             if not daemon.alive():
                 self.daemon_restarts += 1
                 log.error(
-                    "MPS control daemon not answering; restarting and re-applying claims",
+                    "MPS control daemon not answering; re-applying claims once it answers"
+                    if problems[mode]
+                    else "MPS control daemon not answering; restarting and re-applying claims",
                     mode=mode,
                     claims=sorted({t.claim.uid for t in targets}),
+                    service_problem=problems[mode],
                 )
             self._repair(targets, health)
+        down = bool(daemons) and all(problems.values())
+        if down != self.service_down:
+            self.service_down = down
+            if down:
+                log.error("MPS service not ready; its GPUs are reported unhealthy", **problems)
+            else:
+                log.info("MPS service ready again; claims re-applied where needed")
         self.life.reset_compute_modes()  # retry restores that failed while the plugin runs
         return health
 

@@ -28,6 +28,9 @@ log = structlog.get_logger(__name__)
 EFFECT_ERRORS = (MpsError, NvmlError, OSError)
 """What :meth:`MpsObjects.ensure` and the removals may raise: an MPS command, NVML, the disk."""
 
+EARLY_CLIENT_TRIES = 3
+"""Attempts to set a new namespace's limits when clients attached before them."""
+
 _BAD_STATUS = ("fail", "error", "exit", "fault", "dead", "terminat", "stop")
 _READY = "ready"
 
@@ -175,7 +178,7 @@ class MpsObjects:
         row = next((r for r in ctl.namespace_list(srv) if r.name == ns), None)
         if row is None:
             ctl.namespace_create(ns, srv)
-            row = self.set_limits(ctl, t)
+            row = self.first_limits(ctl, t)
         else:
             drift = namespace_drift(row, t)
             if drift:
@@ -186,6 +189,38 @@ class MpsObjects:
             raise MpsError(f"MPS namespace {ns} pipe directory {pipe} is outside {root}")
         ensure_dir(pipe, 0o755)
         return str(pipe)
+
+    def first_limits(self, ctl: MpsControl, t: FractionTarget) -> NamespaceRow:
+        """:meth:`set_limits` of a namespace just created. Until then it has no limits, and a
+        tenant that keeps retrying (its pod restarted, or after a repair) can attach in that
+        moment; ``namespace set`` then fails. Such clients are terminated, so that no process
+        runs without the claim's limits (they may attach again, under the limits), and the
+        limits set; up to :data:`EARLY_CLIENT_TRIES` times.
+
+        Raises:
+            MpsError: as :meth:`set_limits`, also when clients keep attaching.
+        """
+        ns, srv = t.namespace, t.server
+        for _ in range(EARLY_CLIENT_TRIES - 1):
+            try:
+                return self.set_limits(ctl, t)
+            except MpsCommandError:
+                early = [c.pid for c in ctl.client_list(srv) if c.namespace == ns]
+                if not early:
+                    raise
+                log.warning(
+                    "clients attached to a new MPS namespace before its limits were set; "
+                    "terminating them so that no process runs without the claim's limits",
+                    claim_uid=t.claim.uid,
+                    namespace=t.claim.namespace,
+                    name=t.claim.name,
+                    gpu=t.gpu.uuid,
+                    mps_server=srv,
+                    mps_namespace=ns,
+                    pids=early,
+                )
+                terminate_clients(ctl, srv, ns)
+        return self.set_limits(ctl, t)
 
     def set_limits(self, ctl: MpsControl, t: FractionTarget) -> NamespaceRow:
         """``namespace set`` both limits, read them back and check them."""

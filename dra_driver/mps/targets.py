@@ -74,6 +74,9 @@ class MpsOptions:
             no SM ceiling; it is a ceiling, not a reservation).
         time_slicing_compute_mode: NVML compute mode set on time-slicing GPUs while served.
         sm_sharing_compute_mode: NVML compute mode set on sm-sharing GPUs while served.
+        service: the MPS node service runs the control daemons (``dra-driver mps-service``);
+            the enforcer is its client and never starts or stops one. False: the enforcer
+            starts them itself, inside the plugin (they die with the plugin's container).
         command_timeout: seconds per MPS control command.
         server_checks: ``server list`` polls after ``server create`` (stops early at Ready).
         server_check_interval: seconds between those polls.
@@ -90,6 +93,7 @@ class MpsOptions:
     default_active_thread_percentage: int = 100
     time_slicing_compute_mode: str = "EXCLUSIVE_PROCESS"
     sm_sharing_compute_mode: str = "EXCLUSIVE_PROCESS"
+    service: bool = False
     command_timeout: float = 10.0
     server_checks: int = 10
     server_check_interval: float = 0.5

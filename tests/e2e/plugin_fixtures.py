@@ -59,6 +59,8 @@ CLASS_LIMITS: dict[str, dict[str, Any]] = {
     "gpu-eighth-sm-sharing": {"maxActiveThreadPercentage": 25},
 }
 WORKLOAD_IMAGE = "localhost/busybox:1.35.0"
+TENANT_IMAGE = local_install.image_ref("tenant")
+"""The simulated tenant's image (hack/build-image tenant): busybox, python3 and tenant-probe."""
 GPUS = "simulated:H200x12"
 NODE_CONFIG: dict[str, Any] = {
     # GPUs 0-3: products pinned to time-slicing; 4-7: capacity, sm-sharing; 8-11: products,
@@ -285,6 +287,11 @@ class Driver:
     api: k8s.ApiClient
     values_file: Path
     nodes: list[GpuNode]
+
+    def values(self) -> dict[str, Any]:
+        """The release's current values (what :meth:`upgrade` changes)."""
+        values: dict[str, Any] = yaml.safe_load(self.values_file.read_text())
+        return values
 
     def upgrade(self, **overrides: Any) -> None:
         """``helm upgrade`` with changed values (waits for nothing)."""
@@ -516,6 +523,16 @@ class E2E:
         ]
         spec.setdefault("terminationGracePeriodSeconds", 2)
         spec.setdefault("dnsPolicy", "Default")
+        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+        self._pods.append(name)
+        return raw(
+            self.core.create_namespaced_pod(
+                self.namespace, k8s.V1Pod.from_dict(body), _preload_content=False
+            )
+        )
+
+    def create_raw_pod(self, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """Create a pod from ``spec`` as given (its own images and commands)."""
         body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
         self._pods.append(name)
         return raw(

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver._proto import dra_v1_pb2
 from dra_driver.claimplan import ClaimRef
-from dra_driver.cli import _parser
+from dra_driver.cliargs import build_parser as _parser
 from dra_driver.gpus import MIB, SimulatedGpuSource
 from dra_driver.kubelet.server import SocketPaths
 from tests.support import claimfactory as cf
@@ -111,6 +111,9 @@ def _start_plugin(
             f"--state-dir={tmp}/s",
             f"--mps-root={tmp}/run",
             "--publish-interval=3600",
+            # These tests are about the plugin's process (metrics, signals, start-up), not MPS:
+            # no MPS service runs beside it (MPS between processes: test_mps_emulator*.py).
+            "--simulated-enforcer=recording",
             *extra,
         ],
         stdout=subprocess.PIPE,

@@ -84,6 +84,9 @@ class Plugin:
                     f"--state-dir={self.root}/s",
                     f"--mps-root={self.root}/run",
                     "--publish-interval=3600",
+                    # Crash consistency of records, CDI specs and the checkpoint; MPS between
+                    # real processes across plugin kills is tests/e2e/test_e2e_mps_service.py.
+                    "--simulated-enforcer=recording",
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=log,

@@ -33,7 +33,7 @@ import pytest
 import yaml
 
 from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.cli import _parser
+from dra_driver.cliargs import build_parser as _parser
 from dra_driver.config import NodeConfig, default_node_config
 from dra_driver.configload import load_node_config, parse_node_config_text
 from dra_driver.deviceclasses import build_device_classes
@@ -63,6 +63,7 @@ RENDERED = {
     "policy-claim-parameters.yaml": "policy-claim-parameters.yaml",
     "policy-tenant-namespaces.yaml": "policy-tenant-namespaces.yaml",
     "networkpolicy.yaml": "networkpolicy-metrics.yaml",
+    "mps-service.yaml": "daemonset-mps-service.yaml",
 }
 # Plain manifests not rendered by the chart (Helm installs into an existing namespace).
 HAND_WRITTEN = {"namespace.yaml"}
@@ -188,6 +189,16 @@ def one(objs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return found[0]
 
 
+def plugin_daemonset(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The kubelet plugin's DaemonSet (the MPS service has one too)."""
+    (ds,) = [
+        o
+        for o in of_kind(objs, "DaemonSet")
+        if o["metadata"]["labels"]["app.kubernetes.io/component"] == "kubelet-plugin"
+    ]
+    return ds
+
+
 def example_files() -> list[Path]:
     return sorted(p for p in EXAMPLES.glob("*.yaml"))
 
@@ -295,6 +306,7 @@ def test_default_rendering_kinds_and_names() -> None:
         ("ValidatingAdmissionPolicy", "gpu-fraction-dra-dev-product-sizes"),
         ("ValidatingAdmissionPolicyBinding", "gpu-fraction-dra-dev-product-sizes"),
         ("NetworkPolicy", f"{plugin}-metrics"),
+        ("DaemonSet", f"{RELEASE}-mps"),
     }
     for o in objs:
         if o["kind"] in {"ServiceAccount", "ConfigMap", "DaemonSet"}:
@@ -492,7 +504,7 @@ def test_deviceclasses_follow_enabled_models() -> None:
 
 
 def plugin_container(objs: list[dict[str, Any]]) -> dict[str, Any]:
-    pod = one(objs, "DaemonSet")["spec"]["template"]["spec"]
+    pod = plugin_daemonset(objs)["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     c: dict[str, Any] = container
     return c
@@ -520,7 +532,7 @@ def test_daemonset_arguments_parse_with_the_cli() -> None:
     assert _parser().parse_args(["kubelet-plugin", *off]).claim_device_status is False
     # Every path the plugin uses is a mounted volume.
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
-    volumes = {v["name"]: v for v in one(objs, "DaemonSet")["spec"]["template"]["spec"]["volumes"]}
+    volumes = {v["name"]: v for v in plugin_daemonset(objs)["spec"]["template"]["spec"]["volumes"]}
 
     def host_path(path: str) -> str:
         v = volumes[mounts[path]]
@@ -548,7 +560,7 @@ def test_local_cluster_values_render_host_network_env_and_no_probes() -> None:
         "--set", "extraEnv[0].name=KUBERNETES_SERVICE_HOST",
         "--set", "extraEnv[0].value=127.0.0.1",
     )  # fmt: skip
-    pod = one(objs, "DaemonSet")["spec"]["template"]["spec"]
+    pod = plugin_daemonset(objs)["spec"]["template"]["spec"]
     c = plugin_container(objs)
     assert pod["hostNetwork"] is True
     assert pod["dnsPolicy"] == "ClusterFirstWithHostNet"
@@ -559,7 +571,7 @@ def test_local_cluster_values_render_host_network_env_and_no_probes() -> None:
 
 def test_daemonset_privileges_probes_and_rollout() -> None:
     objs = rendered_objects()
-    ds = one(objs, "DaemonSet")
+    ds = plugin_daemonset(objs)
     pod = ds["spec"]["template"]["spec"]
     c = plugin_container(objs)
     assert pod["hostPID"] is True
@@ -585,8 +597,8 @@ def test_daemonset_privileges_probes_and_rollout() -> None:
     assert pod["serviceAccountName"] == f"{RELEASE}-kubelet-plugin"
     # A node-config change rolls the plugins.
     annotations = ds["spec"]["template"]["metadata"]["annotations"]
-    other = one(
-        rendered_objects("--set", "nodeConfig.defaults.computeMode=sm-sharing"), "DaemonSet"
+    other = plugin_daemonset(
+        rendered_objects("--set", "nodeConfig.defaults.computeMode=sm-sharing")
     )
     assert (
         other["spec"]["template"]["metadata"]["annotations"]["checksum/node-config"]
@@ -596,7 +608,7 @@ def test_daemonset_privileges_probes_and_rollout() -> None:
 
 def test_custom_values_reach_the_daemonset() -> None:
     objs = rendered_objects(*VALUE_VARIANTS["custom"])
-    pod = one(objs, "DaemonSet")["spec"]["template"]["spec"]
+    pod = plugin_daemonset(objs)["spec"]["template"]["spec"]
     c = plugin_container(objs)
     argv = [a.replace("$(NODE_NAME)", "n").replace("$(POD_UID)", "u") for a in c["args"]]
     args = _parser().parse_args(["kubelet-plugin", *argv])
@@ -703,7 +715,7 @@ def test_claim_parameter_policy_reports_every_problem_at_once() -> None:
 def test_plugin_mounts_only_the_host_paths_it_reads() -> None:
     """Not the host's / (every pod's token, the kubelet's credentials): the review found it
     mounted at /host."""
-    ds = one(rendered_objects(), "DaemonSet")
+    ds = plugin_daemonset(rendered_objects())
     paths = {
         v["hostPath"]["path"] for v in ds["spec"]["template"]["spec"]["volumes"] if "hostPath" in v
     }
@@ -725,10 +737,48 @@ def test_plugin_mounts_only_the_host_paths_it_reads() -> None:
     assert "--host-root=/host" in plugin["args"]
 
 
+def test_mps_service_daemonset_outlives_plugin_upgrades() -> None:
+    """The MPS daemons run in their own DaemonSet, replaced only when an admin deletes a pod
+    (a chart upgrade must not end every tenant's MPS server); its pods are not the plugin's."""
+    objs = rendered_objects()
+    plugin = plugin_daemonset(objs)
+    (mps,) = [o for o in of_kind(objs, "DaemonSet") if o["metadata"]["name"].endswith("-mps")]
+    assert mps["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    mine, theirs = mps["spec"]["selector"]["matchLabels"], plugin["spec"]["selector"]["matchLabels"]
+    assert mine != theirs
+    for ds, other in ((mps, theirs), (plugin, mine)):  # no selector matches the other's pods
+        labels = ds["spec"]["template"]["metadata"]["labels"]
+        assert not all(labels.get(k) == v for k, v in other.items())
+    pod = mps["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True and pod["automountServiceAccountToken"] is False
+    (container,) = pod["containers"]
+    assert container["command"] == ["dra-driver", "mps-service"]
+    args = _parser().parse_args(
+        ["mps-service", *[a.replace("$(NODE_NAME)", "n") for a in container["args"]]]
+    )
+    assert args.mps_root == "/run/gpu-fraction" and args.node_name == "n"
+    (run_dir,) = [v for v in pod["volumes"] if v["name"] == "run-dir"]
+    assert run_dir["hostPath"]["path"] == args.mps_root
+    assert "--mps-service=separate" in plugin["spec"]["template"]["spec"]["containers"][0]["args"]
+    inplugin = rendered_objects("--set", "mps.service=in-plugin")
+    assert [o["metadata"]["name"] for o in of_kind(inplugin, "DaemonSet")] == [
+        f"{RELEASE}-kubelet-plugin"
+    ]
+    assert (
+        "--mps-service=in-plugin"
+        in plugin_daemonset(inplugin)["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+    res = run_helm("template", RELEASE, str(CHART), "--set", "mps.service=daemon", check=False)
+    assert (
+        res.returncode != 0
+        and 'mps.service: "daemon" is neither separate nor in-plugin' in res.stderr
+    )
+
+
 def test_metrics_network_policy_selects_the_plugin_and_its_port() -> None:
     objs = rendered_objects()
     policy_ = one(objs, "NetworkPolicy")
-    ds = one(objs, "DaemonSet")
+    ds = plugin_daemonset(objs)
     assert policy_["spec"]["podSelector"]["matchLabels"] == ds["spec"]["selector"]["matchLabels"]
     (rule,) = policy_["spec"]["ingress"]
     assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]

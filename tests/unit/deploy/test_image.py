@@ -160,6 +160,7 @@ def test_default_references() -> None:
         "plugin": f"localhost/gpu-fraction-dra:{version}",
         "pause": "localhost/pause:3.10.1",
         "busybox": "localhost/busybox:1.35.0",
+        "tenant": f"localhost/gpu-fraction-tenant:{version}",
     }
     out = subprocess.run(
         [sys.executable, str(SCRIPT), "--print-ref", "plugin", "--plugin-ref", "r.example/x:1"],

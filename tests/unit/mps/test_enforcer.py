@@ -498,3 +498,35 @@ def test_failed_restore_is_retried_by_health_check(tmp_path: Path) -> None:
     fresh.check_health()
     assert [t.claim.uid for t in fresh.targets()] == [UID_A]
     assert namespaces(node, "time-slicing") == {ns(UID_A): (GIB, 100)}
+
+
+# --- a tenant faster than the limits --------------------------------------------------------
+
+
+def test_a_client_attached_before_the_limits_are_set_is_terminated_first(
+    tmp_path: Path,
+) -> None:
+    """A new namespace has no limits until ``namespace set``, which fails while a client is
+    attached; a tenant that keeps retrying (after a repair, say) can attach in between and
+    would run without its limits. The MPS emulator showed it; the fake reproduces it: such a
+    client is terminated (it may attach again, then under the limits) and the limits are set."""
+    node = Node(tmp_path)
+    p = plan(device(node.gpus[0], 10 * GIB, 20 * GIB), uid=UID_A)
+    real = node.mps.run
+    early: list[int] = []
+
+    def run(argv, env=None, input=None, timeout=None):  # type: ignore[no-untyped-def]
+        done = real(argv, env, input, timeout)
+        if list(argv[1:3]) == ["namespace", "create"] and not early:
+            server = next(a.split("=", 1)[1] for a in argv if a.startswith("--server="))
+            early.append(node.mps.add_client(env["CUDA_MPS_PIPE_DIRECTORY"], server, argv[3]))
+        return done
+
+    node.mps.run = run  # type: ignore[method-assign]
+    with capture_logs() as logs:
+        node.enforcer.apply(p)
+    assert early
+    assert namespaces(node, "time-slicing")[ns(UID_A)] == (20 * GIB, 100)
+    daemon = node.mps.daemon(node.pipe("time-slicing"))
+    assert all(c.pid != early[0] for c in daemon.clients)
+    assert any("before its limits were set" in e["event"] for e in logs)

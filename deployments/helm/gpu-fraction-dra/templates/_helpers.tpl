@@ -122,6 +122,9 @@ app.kubernetes.io/component: kubelet-plugin
 {{- fail (printf "mps.%s: unknown NVML compute mode %q (known: EXCLUSIVE_PROCESS, DEFAULT)" $key $mode) -}}
 {{- end -}}
 {{- end -}}
+{{- if not (has .Values.mps.service (list "separate" "in-plugin")) -}}
+{{- fail (printf "mps.service: %q is neither separate nor in-plugin" .Values.mps.service) -}}
+{{- end -}}
 {{- if lt (int .Values.metricsPort) 0 -}}
 {{- fail "metricsPort must be >= 0 (0: no metrics endpoint and no probes)" -}}
 {{- end -}}
@@ -257,4 +260,10 @@ app.kubernetes.io/component: kubelet-plugin
 {{- end -}}
 {{- $threads := $class.maxActiveThreadPercentage | default $node.maxActiveThreadPercentage | default "" -}}
 {{- toJson (dict "portion" (toString ($level.maxMemoryLimitPortion | default "")) "bytes" (toString ($level.maxMemoryLimit | default "")) "threads" (toString $threads) "memoryCapped" (or (hasKey $level "maxMemoryLimit") (hasKey $level "maxMemoryLimitPortion"))) -}}
+{{- end -}}
+
+{{- define "gfd.mpsSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "gfd.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: mps-service
 {{- end -}}

@@ -1,0 +1,301 @@
+"""MPS that outlives the plugin: disruptions on the real node while tenant probes hold MPS
+connections on both compute modes.
+
+The session's chart runs the MPS node service (DaemonSet ``<release>-mps``, the emulator of
+``nvidia-cuda-mps-control`` on these simulated nodes) and the kubelet plugin as its client.
+Each test starts tenant probes (the tenant image's ``tenant-probe``: it attaches to its claim's
+MPS namespace as a CUDA client would and prints once a second which server it is attached to),
+one on a time-slicing and one on an sm-sharing GPU, then disrupts:
+
+- ``helm upgrade`` with a changed plugin value (the plugin's pods roll, the service's do not);
+- SIGKILL of the plugin's process (the kubelet restarts the container);
+- deletion of the plugin's pod (the DaemonSet makes a new one);
+- a kubelet restart;
+
+and checks that every probe kept its connection to the same server process, that a new claim
+prepares during and after the disruption, and that nothing is left after the pods go. Then the
+one disruptive operation: deleting the MPS service's pod ends its daemons and servers: the
+probes report the lost server, the plugin reports the node's MPS GPUs unhealthy (health stream
+and a NoSchedule taint) within a check interval, and once the DaemonSet's new pod runs the
+claims are re-applied, the GPUs are healthy again and the probes attach anew.
+
+Each test prints one line per disruption (``DISRUPTION | what | probes kept/running | seconds
+until a new claim prepared``), shown even when the test passes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.register_assert_rewrite("plugin_fixtures")
+from plugin_fixtures import (  # noqa: E402
+    E2E,
+    LOCAL_NODE,
+    RELEASE_NAMESPACE,
+    SM_SHARING_PRODUCT_GPUS,
+    TENANT_IMAGE,
+    TIME_SLICING_GPUS,
+    GpuNode,
+    raw,
+    slices_of,
+    wait_for,
+)
+
+pytestmark = pytest.mark.e2e
+pytest_plugins = ["plugin_fixtures"]
+
+ON_GPU = 'device.attributes["gpu-fraction.dra.dev"].index == {}'
+PREFIX = "tenant-probe:"
+_shown: list[pytest.CaptureFixture[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def _table(capsys: pytest.CaptureFixture[str]) -> Iterator[None]:
+    _shown.append(capsys)
+    yield
+    _shown.pop()
+
+
+def report(*columns: object) -> None:
+    with _shown[-1].disabled():
+        print("\nDISRUPTION | " + " | ".join(str(c) for c in columns))
+
+
+def probe_lines(e2e: E2E, pod: str) -> list[dict[str, str]]:
+    """The probe's lines so far, parsed (``key=value`` fields)."""
+    from dra_driver.mpsemu.probe import parse_line
+
+    node = e2e.node_of(pod)
+    text = node.container_log(e2e.namespace, pod, "probe")
+    return [f for f in (parse_line(line) for line in text.splitlines()) if f]
+
+
+def start_probe(e2e: E2E, name: str, node: GpuNode, device_class: str, gpu: int) -> None:
+    """A pod whose container is the tenant probe, on a claim of ``device_class`` on ``gpu``."""
+    e2e.template(name, device_class, selectors=[ON_GPU.format(gpu)])
+    spec = {
+        "nodeSelector": {"kubernetes.io/hostname": node.name},
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000},
+        "containers": [
+            {
+                "name": "probe",
+                "image": TENANT_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["tenant-probe"],
+                "resources": {"claims": [{"name": "gpu"}]},
+            }
+        ],
+        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
+        "terminationGracePeriodSeconds": 2,
+        "dnsPolicy": "Default",
+    }
+    e2e.create_raw_pod(name, spec)
+
+
+def attached(e2e: E2E, pod: str) -> dict[str, str] | None:
+    """The probe's last line when it is attached (``connected`` or ``same``)."""
+    lines = probe_lines(e2e, pod)
+    return lines[-1] if lines and lines[-1].get("state") in ("connected", "same") else None
+
+
+@contextlib.contextmanager
+def probes(e2e: E2E) -> Iterator[dict[str, dict[str, str]]]:
+    """Two probes, time-slicing and sm-sharing, attached; yields pod -> its first line."""
+    node = e2e.nodes[0]
+    start_probe(e2e, "probe-ts", node, "gpu-quarter", TIME_SLICING_GPUS[3])
+    start_probe(e2e, "probe-sm", node, "gpu-quarter-sm-sharing", SM_SHARING_PRODUCT_GPUS[3])
+    first = {}
+    for pod in ("probe-ts", "probe-sm"):
+        e2e.wait_running(pod, timeout=90)
+        first[pod] = wait_for(f"{pod} attached", lambda p=pod: attached(e2e, p), timeout=60)
+    yield first
+
+
+def kept(e2e: E2E, first: dict[str, dict[str, str]], since: int) -> int:
+    """How many probes kept their server: every line after ``since`` lines attached to the
+    server PID of their first line (and at least one such line)."""
+    count = 0
+    for pod, line in first.items():
+        after = probe_lines(e2e, pod)[since:]
+        ok = bool(after) and all(
+            x.get("state") in ("connected", "same") and x.get("server_pid") == line["server_pid"]
+            for x in after
+        )
+        count += ok
+    return count
+
+
+def new_claim_prepares(e2e: E2E, name: str, gpu: int) -> float:
+    """Seconds until a new pod on a new claim runs on the first node (its claim prepared)."""
+    t0 = time.monotonic()
+    e2e.template(name, "gpu-eighth", selectors=[ON_GPU.format(gpu)])
+    e2e.pod(name, e2e.nodes[0], templates={"gpu": name})
+    e2e.wait_running(name, timeout=120)
+    return time.monotonic() - t0
+
+
+def lines_so_far(e2e: E2E, first: dict[str, dict[str, str]]) -> int:
+    return min(len(probe_lines(e2e, p)) for p in first)
+
+
+def service_pods(e2e: E2E, node: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = raw(
+        e2e.core.list_namespaced_pod(
+            RELEASE_NAMESPACE,
+            label_selector="app.kubernetes.io/component=mps-service",
+            field_selector=f"spec.nodeName={node}",
+            _preload_content=False,
+        )
+    )["items"]
+    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+
+def disrupt_and_check(e2e: E2E, what: str, disrupt: Any, gpu: int) -> None:
+    with probes(e2e) as first:
+        since = lines_so_far(e2e, first)
+        service_before = [p["metadata"]["uid"] for p in service_pods(e2e, e2e.nodes[0].name)]
+        disrupt()
+        seconds = new_claim_prepares(e2e, f"new-{gpu}", gpu)
+        e2e.driver.wait_rolled_out(timeout=120)
+        time.sleep(3)  # three more probe reports after the plugin is back
+        n = kept(e2e, first, since)
+        service_after = [p["metadata"]["uid"] for p in service_pods(e2e, e2e.nodes[0].name)]
+        report(what, f"{n}/{len(first)} probes kept their server", f"{seconds:.1f} s")
+        assert n == len(first), {p: probe_lines(e2e, p)[since:] for p in first}
+        assert service_after == service_before  # the MPS service was not replaced
+
+
+def test_helm_upgrade_keeps_every_tenant_on_its_server(e2e: E2E) -> None:
+    values = e2e.driver.values()
+    level = "info" if values.get("logLevel") == "debug" else "debug"
+
+    def upgrade() -> None:
+        e2e.driver.upgrade(logLevel=level)
+
+    try:
+        disrupt_and_check(
+            e2e, "helm upgrade (plugin logLevel changed)", upgrade, TIME_SLICING_GPUS[0]
+        )
+    finally:
+        e2e.driver.upgrade(logLevel=values.get("logLevel", "debug"))
+        e2e.driver.wait_rolled_out(timeout=120)
+
+
+def test_plugin_sigkill_keeps_every_tenant_on_its_server(e2e: E2E) -> None:
+    node = e2e.nodes[0]
+
+    def kill() -> None:
+        assert node.kill_plugin()
+
+    disrupt_and_check(e2e, "SIGKILL of the plugin", kill, TIME_SLICING_GPUS[0])
+
+
+def test_plugin_pod_deletion_keeps_every_tenant_on_its_server(e2e: E2E) -> None:
+    node = e2e.nodes[0]
+
+    def delete() -> None:
+        for pod in e2e.driver.plugin_pods(node.name):
+            e2e.core.delete_namespaced_pod(pod["metadata"]["name"], RELEASE_NAMESPACE)
+
+    disrupt_and_check(e2e, "deletion of the plugin pod", delete, TIME_SLICING_GPUS[0])
+
+
+def test_kubelet_restart_keeps_every_tenant_on_its_server(e2e: E2E) -> None:
+    node = e2e.nodes[0]
+
+    def restart() -> None:
+        env = {**os.environ, "LOCAL_CLUSTER_DIR": str(e2e.driver.control_plane.state_dir)}
+        done = subprocess.run(
+            [sys.executable, str(LOCAL_NODE), "restart-kubelet", node.name],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+
+    disrupt_and_check(e2e, "kubelet restart", restart, TIME_SLICING_GPUS[0])
+
+
+def node_taints(e2e: E2E, node: str) -> dict[str, list[str]]:
+    """Device name -> its taint keys, from the node's slices."""
+    return {
+        d["name"]: [t["key"] for t in d.get("taints") or []]
+        for s in slices_of(e2e.api, node)
+        for d in s["spec"].get("devices") or []
+    }
+
+
+def test_deleting_the_mps_service_ends_the_servers_and_the_node_recovers(e2e: E2E) -> None:
+    node = e2e.nodes[0]
+    with probes(e2e) as first:
+        since = lines_so_far(e2e, first)
+        (pod,) = service_pods(e2e, node.name)
+        t0 = time.monotonic()
+        e2e.core.delete_namespaced_pod(pod["metadata"]["name"], RELEASE_NAMESPACE)
+
+        def lost() -> bool:
+            return all(
+                any(x.get("state") in ("lost", "terminated") for x in probe_lines(e2e, p)[since:])
+                for p in first
+            )
+
+        wait_for("every probe reports its lost server", lost, timeout=60)
+        taint = "gpu-fraction.dra.dev/gpu-unhealthy"
+
+        def tainted() -> bool:
+            taints = node_taints(e2e, node.name)
+            return all(taint in taints[d] for d in taints)
+
+        wait_for("the node's MPS GPUs tainted", tainted, timeout=45)
+        unhealthy_after = time.monotonic() - t0
+        wait_for(
+            "a new MPS service pod running",
+            lambda: [
+                p
+                for p in service_pods(e2e, node.name)
+                if p["metadata"]["uid"] != pod["metadata"]["uid"]
+                and p["status"].get("phase") == "Running"
+            ],
+            timeout=90,
+        )
+        wait_for("taints gone", lambda: not any(node_taints(e2e, node.name).values()), timeout=90)
+        healthy_after = time.monotonic() - t0
+        # the probes attach again, to the re-created namespaces of new servers
+        for p, line in first.items():
+            again = wait_for(f"{p} attached again", lambda p=p: attached(e2e, p), timeout=60)
+            assert again["server_pid"] != line["server_pid"]
+            assert again["pinned_memory_limit"] == line["pinned_memory_limit"]
+        seconds = new_claim_prepares(e2e, "after-mps", TIME_SLICING_GPUS[0])
+        report(
+            "deletion of the MPS service pod",
+            f"0/{len(first)} probes kept their server (by design)",
+            f"unhealthy+tainted after {unhealthy_after:.1f} s, healthy after "
+            f"{healthy_after:.1f} s, a new claim prepared in {seconds:.1f} s",
+        )
+
+
+def test_the_plugin_never_starts_a_daemon(e2e: E2E) -> None:
+    """The daemons are children of the MPS service, not of the plugin."""
+    node = e2e.nodes[0]
+    plugin = set(node.plugin_pids())
+    for proc in os.listdir("/proc"):
+        if not proc.isdigit():
+            continue
+        try:
+            args = Path(f"/proc/{proc}/cmdline").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{proc}/stat").read_text()
+        except OSError:
+            continue
+        if args and args[0].endswith(b"nvidia-cuda-mps-control") and b"-f" in args:
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            assert ppid not in plugin

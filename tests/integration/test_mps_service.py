@@ -1,0 +1,146 @@
+"""The MPS node service (``dra-driver mps-service``) and its client, the enforcer, as real
+processes over the MPS emulator: the enforcer never starts a daemon; a tenant's server survives
+a new enforcer (a plugin restart); a daemon killed is restarted by the service (a new
+generation) and the enforcer's health check re-applies the claim; while the service is down
+every MPS GPU is reported unhealthy, with a message naming the service, and a claim fails at
+once, naming it too; once the service is back, the GPUs recover on their own."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dra_driver.gpus import SimulatedGpuSource
+from dra_driver.gpus.simnvml import SimulatedNvml
+from dra_driver.mps import MpsError
+from dra_driver.mps.enforcer import MpsEnforcer, MpsOptions
+from dra_driver.mps.readiness import read_state, state_path
+from dra_driver.mpsemu import emulator_path
+from dra_driver.runner import SubprocessRunner
+from tests.support.fakes.plans import GIB, device, plan
+from tests.support.mpsemu import Probe, alive, private_root, wait_for
+
+pytestmark = pytest.mark.integration
+
+NODE = "n1"
+GPUS = "simulated:H200x2"
+UID_A = "0a000000-0000-4000-8000-00000000000a"
+UID_B = "0b000000-0000-4000-8000-00000000000b"
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    with private_root() as path:
+        yield path
+
+
+def start_service(root: Path) -> subprocess.Popen[bytes]:
+    log = (root / "service.log").open("ab")
+    return subprocess.Popen(
+        [sys.executable, "-m", "dra_driver", "mps-service", f"--node-name={NODE}",
+         f"--gpus={GPUS}", f"--mps-root={root}/run", "--interval=0.2", "--log-format=console"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
+def ready(root: Path, generation_above: int = 0) -> dict[str, object] | None:
+    """The readiness file's JSON once both daemons run (and the generation passed a value)."""
+    try:
+        doc: dict[str, object] = json.loads(state_path(root / "run/mps").read_text())
+    except (OSError, ValueError):
+        return None
+    daemons = doc.get("daemons") or {}
+    done = len(daemons) == 2 and int(str(doc["generation"])) > generation_above  # type: ignore[arg-type]
+    return doc if done and not doc.get("stopping") else None
+
+
+def enforcer(root: Path) -> MpsEnforcer:
+    """The plugin's enforcer as a new plugin process makes it (service mode, simulated NVML)."""
+    gpus = SimulatedGpuSource(GPUS, seed=NODE).discover().gpus
+    options = MpsOptions(
+        root=str(root / "run"),
+        control_binary=str(emulator_path()),
+        cgroup_root=str(root / "cgroup"),
+        service=True,
+        dmem_backend=False,
+        command_timeout=20,
+        server_checks=100,
+        server_check_interval=0.05,
+    )
+    nvml = SimulatedNvml(root / "nvml", lambda: [g.uuid for g in gpus])
+    return MpsEnforcer({g.uuid: "hard" for g in gpus}, nvml, SubprocessRunner(), options)
+
+
+def test_the_service_outlives_its_client_and_its_daemons(root: Path) -> None:
+    service = start_service(root)
+    first_state = wait_for(lambda: ready(root), 30, "the service's daemons")
+    gpu0 = SimulatedGpuSource(GPUS, seed=NODE).discover().gpus[0]
+    claim = plan(device(gpu0, 10 * GIB, 10 * GIB), uid=UID_A)
+
+    # a plugin applies a claim; its tenant attaches
+    edits = enforcer(root).apply(claim)
+    [mount] = next(iter(edits.values())).mounts
+    tenant = Probe(Path(mount.host_path))
+    first = tenant.wait_line(lambda f: f.get("state") == "connected", 10)
+    assert first["pinned_memory_limit"] == "10G"
+
+    # a new plugin (restart): restore leaves the tenant on its server
+    seen = len(tenant.lines)
+    plugin = enforcer(root)
+    plugin.restore([claim])
+    assert plugin.check_health()[gpu0.uuid].healthy
+    wait_for(lambda: len(tenant.lines) >= seen + 2, 10, "two more probe lines")
+    assert all(f.get("server_pid") == first["server_pid"] for f in tenant.lines[seen:])
+
+    # the service restarts a daemon that dies; the health check re-applies the claim
+    state = read_state(state_path(root / "run/mps"))
+    daemon = state.daemons["time-slicing"]
+    os.kill(daemon.pid, signal.SIGKILL)
+    tenant.wait_line(lambda f: f.get("state") == "lost", 10, after=seen)
+    after = wait_for(
+        lambda: ready(root, generation_above=int(str(first_state["generation"]))),
+        30,
+        "the daemon restarted by the service",
+    )
+    assert after["daemons"]["time-slicing"]["restarts"] == 1  # type: ignore[index]
+    wait_for(lambda: plugin.check_health()[gpu0.uuid].healthy, 20, "the claim re-applied")
+    again = tenant.wait_line(
+        lambda f: f.get("state") == "connected" and f.get("server_pid") != first["server_pid"],
+        15,
+        after=seen,
+    )
+    assert again["pinned_memory_limit"] == "10G"
+
+    # the service stops: its daemons and servers end, every MPS GPU is unhealthy, a new
+    # claim fails at once naming the service
+    service.send_signal(signal.SIGTERM)
+    assert service.wait(timeout=30) == 0
+    assert read_state(state_path(root / "run/mps")).stopping
+    server = int(again["server_pid"])
+    wait_for(lambda: not alive(server), 10, "the servers to end")
+    health = plugin.check_health()
+    assert len(health) == 2 and not any(h.healthy for h in health.values())
+    assert all("MPS service not ready" in h.detail for h in health.values())
+    gpu1 = SimulatedGpuSource(GPUS, seed=NODE).discover().gpus[1]
+    with pytest.raises(MpsError, match="MPS service not ready on this node"):
+        plugin.apply(plan(device(gpu1, 5 * GIB, 5 * GIB), uid=UID_B))
+
+    # back: the GPUs recover by themselves, and the tenant gets its limits again
+    service = start_service(root)
+    wait_for(lambda: ready(root), 30, "the new service's daemons")
+    wait_for(lambda: all(h.healthy for h in plugin.check_health().values()), 20, "healthy GPUs")
+    tenant.wait_line(
+        lambda f: f.get("state") == "connected" and f.get("server_pid") != again["server_pid"],
+        15,
+    )
+    assert tenant.stop() == 0
+    service.send_signal(signal.SIGTERM)
+    assert service.wait(timeout=30) == 0
