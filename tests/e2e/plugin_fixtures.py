@@ -300,25 +300,37 @@ class Driver:
         helm(self.control_plane, "upgrade", RELEASE, str(local_install.CHART), "-n",
              RELEASE_NAMESPACE, "-f", str(self.values_file))  # fmt: skip
 
-    def plugin_pods(self, node: str | None = None) -> list[dict[str, Any]]:
+    def plugin_pods(
+        self, node: str | None = None, component: str = "kubelet-plugin"
+    ) -> list[dict[str, Any]]:
+        """The release's pods of ``component`` (``kubelet-plugin`` or ``mps-service``) that
+        are not being deleted, on ``node`` if given."""
         selector = f"spec.nodeName={node}" if node else None
         items: list[dict[str, Any]] = raw(
             k8s.CoreV1Api(self.api).list_namespaced_pod(
-                RELEASE_NAMESPACE, field_selector=selector, _preload_content=False
+                RELEASE_NAMESPACE,
+                field_selector=selector,
+                label_selector=f"app.kubernetes.io/component={component}",
+                _preload_content=False,
             )
         )["items"]
         return [p for p in items if not p["metadata"].get("deletionTimestamp")]
 
     def wait_rolled_out(self, timeout: float = 90.0) -> None:
-        """Every node runs exactly one plugin pod of the current DaemonSet generation."""
+        """Every node runs exactly one plugin pod of the current DaemonSet generation and one
+        running MPS service pod."""
         apps = k8s.AppsV1Api(self.api)
 
         def done() -> bool:
-            ds = raw(apps.list_namespaced_daemon_set(RELEASE_NAMESPACE, _preload_content=False))[
-                "items"
-            ][0]
+            sets = raw(apps.list_namespaced_daemon_set(RELEASE_NAMESPACE, _preload_content=False))
+            (ds,) = [
+                d
+                for d in sets["items"]
+                if d["metadata"]["labels"].get("app.kubernetes.io/component") == "kubelet-plugin"
+            ]
             st = ds["status"]
             want = len(self.nodes)
+            services = self.plugin_pods(component="mps-service")
             return (
                 st.get("observedGeneration") == ds["metadata"]["generation"]
                 and st.get("updatedNumberScheduled") == want
@@ -326,6 +338,8 @@ class Driver:
                 and st.get("numberReady") == want
                 and len(self.plugin_pods()) == want
                 and all(running(p) for p in self.plugin_pods())
+                and len(services) == want
+                and all(running(p) for p in services)
             )
 
         wait_for("the plugin DaemonSet rolled out", done, timeout=timeout, every=0.5)

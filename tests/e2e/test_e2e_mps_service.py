@@ -45,7 +45,6 @@ from plugin_fixtures import (  # noqa: E402
     TENANT_IMAGE,
     TIME_SLICING_GPUS,
     GpuNode,
-    raw,
     slices_of,
     wait_for,
 )
@@ -148,15 +147,7 @@ def lines_so_far(e2e: E2E, first: dict[str, dict[str, str]]) -> int:
 
 
 def service_pods(e2e: E2E, node: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = raw(
-        e2e.core.list_namespaced_pod(
-            RELEASE_NAMESPACE,
-            label_selector="app.kubernetes.io/component=mps-service",
-            field_selector=f"spec.nodeName={node}",
-            _preload_content=False,
-        )
-    )["items"]
-    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+    return e2e.driver.plugin_pods(node, component="mps-service")
 
 
 def disrupt_and_check(e2e: E2E, what: str, disrupt: Any, gpu: int) -> None:

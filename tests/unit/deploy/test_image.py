@@ -356,7 +356,7 @@ def build_images(*args: str) -> dict[str, tuple[str, str]]:
 @pytest.fixture(scope="module")
 def images() -> dict[str, tuple[str, str]]:
     built = build_images()
-    assert set(built) == {"plugin", "pause", "busybox"}
+    assert set(built) == {"plugin", "pause", "busybox", "tenant"}
     return built
 
 
@@ -443,6 +443,32 @@ def test_plugin_runs_under_chroot_without_writing(
         "zoneinfo.ZoneInfo('Europe/Berlin')\n",
     )
     assert snapshot(root) == before, "the plugin wrote to its root filesystem"
+    # The MPS emulator of simulated nodes is in the package, not on PATH, and runs on the
+    # image's own interpreter (the image has no /usr/bin/env).
+    emulator = chroot("/usr/bin/python3", "-c", "from dra_driver.mpsemu import emulator_path\n"
+                      "print(emulator_path())").strip()  # fmt: skip
+    assert "/dra_driver/mpsemu/bin/" in emulator
+    assert "server" in chroot(emulator, "-h")
+    assert bi().resolve_in(root, "usr/local/bin/nvidia-cuda-mps-control") is None
+
+
+@pytest.mark.e2e
+def test_tenant_image_runs_the_probe(images: dict[str, tuple[str, str]], tmp_path: Path) -> None:
+    need_root()
+    root = tmp_path / "tenant"
+    oci = unpack("tenant", root)
+    assert oci["config"]["config"]["Cmd"] == ["tenant-probe"]
+    proc = subprocess.run(
+        ["chroot", str(root), "/bin/sh", "-c", "timeout 3 tenant-probe; which sh env grep"],
+        env={**image_env(oci), "CUDA_MPS_PIPE_DIRECTORY": "/nonexistent"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("tenant-probe:")]
+    states = [line.rsplit("state=", 1)[1] for line in lines]
+    assert states[0] == "unreachable" and states[-1] == "stopped", proc.stdout + proc.stderr
+    assert "bin/sh" in proc.stdout and "bin/grep" in proc.stdout
 
 
 @pytest.mark.e2e
