@@ -3,9 +3,11 @@ ResourceClaimTemplate are applied as shipped, a pod built from its workload's po
 placed by the real scheduler on a real node, the plugin prepares its claim through the real
 kubelet, and the container sees its fraction.
 
-The workload's pod template is used as is except for the image and command (a busybox that
-prints what it sees: no GPU code runs here) and a node selector pinning it to one node; the
-quota example is applied and enforced as shipped."""
+The workload's pod template is used as is except for the image and command (the tenant image:
+it prints what it sees, then runs the tenant probe, which attaches to the claim's MPS namespace
+as a CUDA client would: no GPU code runs here) and a node selector pinning it to one node. The
+probe's own line must show the memory limit the claim's status reports and, on sm-sharing, its
+active thread percentage. The quota example is applied and enforced as shipped."""
 
 from __future__ import annotations
 
@@ -19,7 +21,16 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 pytest.register_assert_rewrite("plugin_fixtures")
-from plugin_fixtures import E2E, GpuNode, check_prepared, raw, wait_for  # noqa: E402
+from plugin_fixtures import (  # noqa: E402
+    DRIVER,
+    E2E,
+    GpuNode,
+    check_prepared,
+    wait_for,
+    wait_quota_enforced,
+)
+
+from dra_driver.mps.names import memory_arg, parse_memory  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 pytest_plugins = ["plugin_fixtures"]
@@ -45,8 +56,29 @@ def run_pod(e2e: E2E, node: GpuNode, workload: dict[str, Any]) -> str:
     spec["nodeSelector"] = {"kubernetes.io/hostname": node.name}
     spec.pop("restartPolicy", None)
     name = workload["metadata"]["name"]
-    e2e.create_pod(name, spec)
+    e2e.create_pod(name, spec, probe=True)
     return name
+
+
+def check_probe(e2e: E2E, pod: str, pod_claim: str) -> None:
+    """The tenant probe of the container using ``pod_claim`` attached to an MPS server whose
+    namespace holds the limit the claim's status reports and its active thread percentage
+    (sm-sharing: the claim's, time-slicing: 100)."""
+    container = e2e.container_of(pod, pod_claim)
+    line = wait_for(f"{pod} probe attached", lambda: e2e.attached(pod, container), timeout=60)
+    entries = wait_for(
+        f"{pod}'s claim status",
+        lambda: [
+            d["data"]
+            for d in (e2e.claim_of(pod, pod_claim).get("status") or {}).get("devices") or []
+            if d["driver"] == DRIVER
+        ],
+    )
+    limits = {parse_memory(memory_arg(d["memory"]["limitBytes"])) for d in entries}
+    assert parse_memory(line["pinned_memory_limit"]) in limits, (line, limits)
+    # time-slicing: every SM (MPS's 100 %); sm-sharing: the claim's percentage
+    threads = {str(d.get("activeThreadPercentage", 100)) for d in entries}
+    assert line["active_thread_percentage"] in threads, (line, threads)
 
 
 @pytest.mark.parametrize("example", EXAMPLE_FILES)
@@ -78,6 +110,7 @@ def test_example_is_allocated_and_prepared(e2e: E2E, example: str) -> None:
                 # The container sees one device node per allocated GPU.
                 seen = [d for d in prepared.view.devices if d[len("/dev/nvidia") :].isdigit()]
                 assert len(seen) == len(gpus), (seen, gpus)
+                check_probe(e2e, pod, ref["name"])
     finally:
         for name in classes:
             with contextlib.suppress(ApiException):
@@ -87,17 +120,7 @@ def test_example_is_allocated_and_prepared(e2e: E2E, example: str) -> None:
 def test_quota_example_admits_four_quarters_and_refuses_the_fifth(e2e: E2E) -> None:
     [quota] = docs("quota-four-quarters.yaml")
     e2e.core.create_namespaced_resource_quota(e2e.namespace, k8s.V1ResourceQuota.from_dict(quota))
-    name = quota["metadata"]["name"]
-    wait_for(
-        "quota status",
-        lambda: (
-            raw(
-                e2e.core.read_namespaced_resource_quota(name, e2e.namespace, _preload_content=False)
-            )
-            .get("status", {})
-            .get("hard")
-        ),
-    )
+    wait_quota_enforced(e2e, quota["metadata"]["name"], quota["spec"]["hard"])
 
     def claim(i: int) -> Any:
         body = {

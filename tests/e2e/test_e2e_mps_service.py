@@ -45,15 +45,21 @@ from plugin_fixtures import (  # noqa: E402
     TENANT_IMAGE,
     TIME_SLICING_GPUS,
     GpuNode,
+    raw,
     slices_of,
     wait_for,
 )
+
+from dra_driver.mps.control import MpsControl  # noqa: E402
+from dra_driver.mps.names import namespace_name  # noqa: E402
+from dra_driver.mps.rows import ServerRow  # noqa: E402
+from dra_driver.mpsemu.paths import emulator_path  # noqa: E402
+from dra_driver.runner import SubprocessRunner  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 pytest_plugins = ["plugin_fixtures"]
 
 ON_GPU = 'device.attributes["gpu-fraction.dra.dev"].index == {}'
-PREFIX = "tenant-probe:"
 _shown: list[pytest.CaptureFixture[str]] = []
 
 
@@ -70,17 +76,19 @@ def report(*columns: object) -> None:
 
 
 def probe_lines(e2e: E2E, pod: str) -> list[dict[str, str]]:
-    """The probe's lines so far, parsed (``key=value`` fields)."""
-    from dra_driver.mpsemu.probe import parse_line
-
-    node = e2e.node_of(pod)
-    text = node.container_log(e2e.namespace, pod, "probe")
-    return [f for f in (parse_line(line) for line in text.splitlines()) if f]
+    return e2e.probe_lines(pod, "probe")
 
 
-def start_probe(e2e: E2E, name: str, node: GpuNode, device_class: str, gpu: int) -> None:
+def start_probe(
+    e2e: E2E,
+    name: str,
+    node: GpuNode,
+    device_class: str,
+    gpu: int,
+    parameters: dict[str, Any] | None = None,
+) -> None:
     """A pod whose container is the tenant probe, on a claim of ``device_class`` on ``gpu``."""
-    e2e.template(name, device_class, selectors=[ON_GPU.format(gpu)])
+    e2e.template(name, device_class, selectors=[ON_GPU.format(gpu)], parameters=parameters)
     spec = {
         "nodeSelector": {"kubernetes.io/hostname": node.name},
         "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000},
@@ -101,9 +109,7 @@ def start_probe(e2e: E2E, name: str, node: GpuNode, device_class: str, gpu: int)
 
 
 def attached(e2e: E2E, pod: str) -> dict[str, str] | None:
-    """The probe's last line when it is attached (``connected`` or ``same``)."""
-    lines = probe_lines(e2e, pod)
-    return lines[-1] if lines and lines[-1].get("state") in ("connected", "same") else None
+    return e2e.attached(pod, "probe")
 
 
 @contextlib.contextmanager
@@ -163,6 +169,32 @@ def disrupt_and_check(e2e: E2E, what: str, disrupt: Any, gpu: int) -> None:
         report(what, f"{n}/{len(first)} probes kept their server", f"{seconds:.1f} s")
         assert n == len(first), {p: probe_lines(e2e, p)[since:] for p in first}
         assert service_after == service_before  # the MPS service was not replaced
+    nothing_left_after_the_pods(e2e)
+
+
+def nothing_left_after_the_pods(e2e: E2E) -> None:
+    """Delete the namespace's pods; then no claim of theirs has a CDI spec, a checkpoint
+    record, an MPS namespace pipe directory or a namespace in an MPS server's list."""
+    node = e2e.nodes[0]
+    pods = [p["metadata"]["name"] for p in e2e.pods()]
+    uids = [e2e.claim_of(p)["metadata"]["uid"] for p in pods]
+    for pod in pods:
+        e2e.delete_pod(pod)
+    for pod in pods:
+        e2e.wait_gone(pod, timeout=90)
+    left = {
+        "cdi": [u for u in uids if node.cdi_spec_path(u).exists()],
+        "checkpoint": [u for u in uids if u in node.plugin_checkpoint()],
+        "pipes": [d for d in node.pipe_dirs() if any(namespace_name(u) == d.name for u in uids)],
+        "namespaces": [
+            (mode, row.name)
+            for mode in MODES
+            for server in mps(node, mode).server_list()
+            for row in mps(node, mode).namespace_list(server.name)
+            if any(namespace_name(u) == row.name for u in uids)
+        ],
+    }
+    assert not any(left.values()), left
 
 
 def test_helm_upgrade_keeps_every_tenant_on_its_server(e2e: E2E) -> None:
@@ -226,29 +258,54 @@ def node_taints(e2e: E2E, node: str) -> dict[str, list[str]]:
     }
 
 
+PAUSE_TAINT = {"key": "e2e.gpu-fraction.dra.dev/mps-service-paused", "effect": "NoSchedule"}
+"""Keeps the DaemonSet from starting a new MPS service pod on the node (its pods tolerate only
+``nvidia.com/gpu``) while the test looks at the node without a service."""
+
+
+def set_pause_taint(e2e: E2E, node: str, on: bool) -> None:
+    body = raw(e2e.core.read_node(node, _preload_content=False))
+    taints = [t for t in body["spec"].get("taints") or [] if t["key"] != PAUSE_TAINT["key"]]
+    if on:
+        taints.append(PAUSE_TAINT)
+    e2e.core.patch_node(node, {"spec": {"taints": taints}})
+
+
 def test_deleting_the_mps_service_ends_the_servers_and_the_node_recovers(e2e: E2E) -> None:
+    """The service's pod is deleted while the node is tainted against a new one, so the node
+    stays without a service until the test lets it back: the outage does not depend on how
+    fast the DaemonSet replaces the pod (the plugin's health check runs every 10 s, and a new
+    pod can be ready sooner)."""
     node = e2e.nodes[0]
     with probes(e2e) as first:
         since = lines_so_far(e2e, first)
         (pod,) = service_pods(e2e, node.name)
-        t0 = time.monotonic()
-        e2e.core.delete_namespaced_pod(pod["metadata"]["name"], RELEASE_NAMESPACE)
+        set_pause_taint(e2e, node.name, True)
+        try:
+            t0 = time.monotonic()
+            e2e.core.delete_namespaced_pod(pod["metadata"]["name"], RELEASE_NAMESPACE)
 
-        def lost() -> bool:
-            return all(
-                any(x.get("state") in ("lost", "terminated") for x in probe_lines(e2e, p)[since:])
-                for p in first
-            )
+            def lost() -> bool:
+                return all(
+                    any(
+                        x.get("state") in ("lost", "terminated")
+                        for x in probe_lines(e2e, p)[since:]
+                    )
+                    for p in first
+                )
 
-        wait_for("every probe reports its lost server", lost, timeout=60)
-        taint = "gpu-fraction.dra.dev/gpu-unhealthy"
+            wait_for("every probe reports its lost server", lost, timeout=60)
+            taint = "gpu-fraction.dra.dev/gpu-unhealthy"
 
-        def tainted() -> bool:
-            taints = node_taints(e2e, node.name)
-            return all(taint in taints[d] for d in taints)
+            def tainted() -> bool:
+                taints = node_taints(e2e, node.name)
+                return all(taint in taints[d] for d in taints)
 
-        wait_for("the node's MPS GPUs tainted", tainted, timeout=45)
-        unhealthy_after = time.monotonic() - t0
+            wait_for("the node's MPS GPUs tainted", tainted, timeout=45)
+            unhealthy_after = time.monotonic() - t0
+        finally:
+            set_pause_taint(e2e, node.name, False)
+        t1 = time.monotonic()
         wait_for(
             "a new MPS service pod running",
             lambda: [
@@ -260,7 +317,7 @@ def test_deleting_the_mps_service_ends_the_servers_and_the_node_recovers(e2e: E2
             timeout=90,
         )
         wait_for("taints gone", lambda: not any(node_taints(e2e, node.name).values()), timeout=90)
-        healthy_after = time.monotonic() - t0
+        healthy_after = time.monotonic() - t1
         # the probes attach again, to the re-created namespaces of new servers
         for p, line in first.items():
             again = wait_for(f"{p} attached again", lambda p=p: attached(e2e, p), timeout=60)
@@ -270,9 +327,11 @@ def test_deleting_the_mps_service_ends_the_servers_and_the_node_recovers(e2e: E2
         report(
             "deletion of the MPS service pod",
             f"0/{len(first)} probes kept their server (by design)",
-            f"unhealthy+tainted after {unhealthy_after:.1f} s, healthy after "
-            f"{healthy_after:.1f} s, a new claim prepared in {seconds:.1f} s",
+            f"unhealthy+tainted after {unhealthy_after:.1f} s; once a new service pod may "
+            f"start, healthy after {healthy_after:.1f} s; a new claim prepared in "
+            f"{seconds:.1f} s",
         )
+    nothing_left_after_the_pods(e2e)
 
 
 def test_the_plugin_never_starts_a_daemon(e2e: E2E) -> None:
@@ -290,3 +349,61 @@ def test_the_plugin_never_starts_a_daemon(e2e: E2E) -> None:
         if args and args[0].endswith(b"nvidia-cuda-mps-control") and b"-f" in args:
             ppid = int(stat.rsplit(")", 1)[1].split()[1])
             assert ppid not in plugin
+
+
+MODES = ("time-slicing", "sm-sharing")
+
+
+def mps(node: GpuNode, mode: str) -> MpsControl:
+    """The node's MPS control daemon of ``mode`` (the emulator's program, from this host)."""
+    pipe = node.run_dir / "mps" / mode / "pipe"
+    return MpsControl(SubprocessRunner(), pipe, pipe.parent / "log", binary=str(emulator_path()))
+
+
+def gpu_uuid(e2e: E2E, node: str, index: int) -> str:
+    return str(
+        next(
+            d["attributes"]["uuid"]["string"]
+            for s in slices_of(e2e.api, node)
+            for d in s["spec"].get("devices") or []
+            if d["attributes"]["index"]["int"] == index
+        )
+    )
+
+
+def test_the_first_claim_sets_the_compute_mode_and_the_last_retires_the_server(e2e: E2E) -> None:
+    """An sm-sharing GPU: DEFAULT and no server before; the first claim sets EXCLUSIVE_PROCESS
+    and starts the GPU's server (the probe attaches to it, with the thread percentage its claim
+    asked); a second claim joins the same server and outlives the first; after the last
+    claim the server is gone and the compute mode is DEFAULT again."""
+    node, gpu = e2e.nodes[0], SM_SHARING_PRODUCT_GPUS[2]
+    uuid = gpu_uuid(e2e, node.name, gpu)
+    mode_file = node.state_dir / "simulated" / "nvml" / "compute-mode" / uuid
+
+    def compute_mode() -> str:
+        return mode_file.read_text().strip() if mode_file.exists() else "DEFAULT"
+
+    def servers() -> list[ServerRow]:
+        return [r for r in mps(node, "sm-sharing").server_list() if uuid in r.allowed_devices]
+
+    assert compute_mode() == "DEFAULT" and not servers()
+    start_probe(e2e, "first", node, "gpu-quarter-sm-sharing", gpu, {"activeThreadPercentage": 30})
+    e2e.wait_running("first", timeout=90)
+    line = wait_for("first attached", lambda: attached(e2e, "first"), timeout=60)
+    (server,) = servers()
+    assert compute_mode() == "EXCLUSIVE_PROCESS"
+    assert line["server_pid"] == server.pid and line["server"] == server.name
+    assert line["active_thread_percentage"] == "30"
+    start_probe(e2e, "second", node, "gpu-quarter-sm-sharing", gpu)
+    e2e.wait_running("second", timeout=90)
+    other = wait_for("second attached", lambda: attached(e2e, "second"), timeout=60)
+    assert other["server_pid"] == server.pid and other["namespace"] != line["namespace"]
+    e2e.delete_pod("first")
+    e2e.wait_gone("first", timeout=90)
+    time.sleep(2)  # two more reports of the second probe
+    assert attached(e2e, "second") and servers() == [server]
+    assert compute_mode() == "EXCLUSIVE_PROCESS"
+    e2e.delete_pod("second")
+    e2e.wait_gone("second", timeout=90)
+    wait_for("the GPU's server retired", lambda: not servers(), timeout=30)
+    wait_for("compute mode DEFAULT", lambda: compute_mode() == "DEFAULT", timeout=30)
