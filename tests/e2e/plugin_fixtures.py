@@ -28,6 +28,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -39,6 +40,7 @@ from kubernetes.client.exceptions import ApiException
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.config import NodeConfig, default_node_config
 from dra_driver.gpus import SimulatedGpuSource
+from dra_driver.mpsemu.probe import parse_line
 from dra_driver.slices import build_slices
 from hack import local_install
 from tests.support.cdischema import validator as cdi_validator
@@ -90,6 +92,9 @@ echo VIEW-END
 trap 'exit 0' TERM
 while :; do sleep 1; done
 """
+PROBE_SCRIPT = VIEW_SCRIPT.split("trap ", 1)[0] + "exec tenant-probe\n"
+""":data:`VIEW_SCRIPT` in the tenant image, then the tenant probe (it attaches to the claim's
+MPS namespace as a CUDA client would, reports what it got once a second; SIGTERM ends it)."""
 
 
 def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 30.0, every: float = 0.2) -> T:
@@ -478,8 +483,10 @@ class E2E:
         *,
         count: int | None = None,
         parameters: Mapping[str, Any] | None = None,
+        dry_run: bool = False,
     ) -> dict[str, Any]:
-        """Create a ResourceClaim (request ``gpu``); raises ApiException when refused."""
+        """Create a ResourceClaim (request ``gpu``); raises ApiException when refused.
+        ``dry_run``: only admit it (``dryRun=All``: checked against quota, never charged)."""
         body = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
@@ -491,8 +498,18 @@ class E2E:
                 self.namespace,
                 k8s.ResourceV1ResourceClaim.from_dict(body),
                 _preload_content=False,
+                **({"dry_run": "All"} if dry_run else {}),
             )
         )
+
+    def quota(self, name: str, hard: Mapping[str, str]) -> None:
+        """Create the ResourceQuota ``name`` and return once quota admission enforces it
+        (:func:`wait_quota_enforced`)."""
+        body = {"metadata": {"name": name}, "spec": {"hard": dict(hard)}}
+        self.core.create_namespaced_resource_quota(
+            self.namespace, k8s.V1ResourceQuota.from_dict(body)
+        )
+        wait_quota_enforced(self, name, hard)
 
     def pod(
         self,
@@ -521,16 +538,17 @@ class E2E:
         }
         return self.create_pod(name, spec)
 
-    def create_pod(self, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+    def create_pod(self, name: str, spec: Mapping[str, Any], probe: bool = False) -> dict[str, Any]:
         """Create a pod from ``spec``; every container runs :data:`VIEW_SCRIPT` in the local
-        busybox image (never pulled), and the pod stops within a second."""
+        busybox image (never pulled), or with ``probe`` :data:`PROBE_SCRIPT` in the tenant
+        image; the pod stops within a second."""
         spec = dict(spec)
         spec["containers"] = [
             {
                 **c,
-                "image": WORKLOAD_IMAGE,
+                "image": TENANT_IMAGE if probe else WORKLOAD_IMAGE,
                 "imagePullPolicy": "Never",
-                "command": ["sh", "-c", VIEW_SCRIPT],
+                "command": ["sh", "-c", PROBE_SCRIPT if probe else VIEW_SCRIPT],
                 "args": None,
             }
             for c in spec["containers"]
@@ -603,6 +621,24 @@ class E2E:
         )
         return ContainerView.parse(text)
 
+    def pods(self) -> list[dict[str, Any]]:
+        """The pods of this test's namespace."""
+        items: list[dict[str, Any]] = raw(
+            self.core.list_namespaced_pod(self.namespace, _preload_content=False)
+        )["items"]
+        return items
+
+    def probe_lines(self, pod: str, container: str) -> list[dict[str, str]]:
+        """The tenant probe's lines so far in the container's output, parsed (``key=value``
+        fields, :func:`dra_driver.mpsemu.probe.parse_line`)."""
+        text = self.node_of(pod).container_log(self.namespace, pod, container)
+        return [f for f in (parse_line(line) for line in text.splitlines()) if f]
+
+    def attached(self, pod: str, container: str) -> dict[str, str] | None:
+        """The probe's last line when it is attached to a server (``connected`` or ``same``)."""
+        lines = self.probe_lines(pod, container)
+        return lines[-1] if lines and lines[-1].get("state") in ("connected", "same") else None
+
     def describe(self, pod: str) -> str:
         """Pod status, its events, and the plugin log tails (for failure messages)."""
         out = []
@@ -669,6 +705,62 @@ class E2E:
             print(f"cleanup of {self.namespace}: pods or prepared claims left after 60 s")
         with contextlib.suppress(ApiException):
             core.delete_namespace(self.namespace)
+
+
+DEVICE_CLASS_QUOTA = re.compile(r"^(.+)\.deviceclass\.resource\.k8s\.io/devices$")
+"""A quota key on a DeviceClass's devices (Kubernetes: ``<class>.deviceclass.resource.k8s.io/
+devices``); group 1 is the class."""
+
+
+def wait_quota_enforced(
+    e2e: E2E, name: str, hard: Mapping[str, str], timeout: float = 30.0
+) -> None:
+    """Wait until quota admission enforces the ResourceQuota ``name`` of ``e2e``'s namespace.
+
+    A GET showing ``status.hard`` is not enough: kube-apiserver's quota admission reads quotas
+    from its informer's lister (k8s.io/apiserver, admission/plugin/resourcequota, GetQuotas),
+    which can lag a GET by a moment on a loaded machine, and a quota whose ``status.hard`` it
+    has not seen restricts nothing: claims created meanwhile are admitted and not counted. So
+    for each device-class key, a dry-run claim for one device more than the quota allows must
+    be refused with ``exceeded quota: <name>`` (dry runs are checked against the quota, never
+    charged), and for each extended-resource key a dry-run pod asking one more; for other keys
+    (counts of objects) the quota's ``status.hard`` must be set.
+    """
+
+    def status_set() -> bool:
+        q = raw(
+            e2e.core.read_namespaced_resource_quota(name, e2e.namespace, _preload_content=False)
+        )
+        return set((q.get("status") or {}).get("hard") or {}) >= set(hard)
+
+    wait_for(f"quota {name} status", status_set, timeout=timeout)
+    probes: dict[str, Callable[[], object]] = {}
+    for key, value in hard.items():
+        if m := DEVICE_CLASS_QUOTA.match(key):
+            probes[key] = partial(
+                e2e.claim, "quota-probe", m.group(1), count=int(value) + 1, dry_run=True
+            )
+        elif key.startswith("requests.") and "/" in key:  # an extended resource
+            limits = {key.removeprefix("requests."): str(int(value) + 1)}
+            pod = {
+                "metadata": {"name": "quota-probe"},
+                "spec": {
+                    "containers": [
+                        {"name": "main", "image": WORKLOAD_IMAGE, "resources": {"limits": limits}}
+                    ]
+                },
+            }
+            probes[key] = partial(e2e.core.create_namespaced_pod, e2e.namespace, pod, dry_run="All")
+    for key, create in probes.items():
+
+        def refused(create: Callable[[], object] = create) -> bool:
+            try:
+                create()
+            except ApiException as exc:
+                return exc.status == 403 and f"exceeded quota: {name}" in str(exc.body)
+            return False
+
+        wait_for(f"quota admission enforcing {name} on {key}", refused, timeout=timeout)
 
 
 def claim_spec(

@@ -14,7 +14,6 @@ import random
 from typing import Any
 
 import pytest
-from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 pytest.register_assert_rewrite("plugin_fixtures")
@@ -114,22 +113,7 @@ def test_random_churn_never_puts_both_modes_on_a_gpu(e2e: E2E, vnodes: list[Virt
 
 def test_quota_per_product_admits_four_quarters_and_refuses_the_fifth(e2e: E2E) -> None:
     key = "gpu-quarter.deviceclass.resource.k8s.io/devices"
-    quota = {"metadata": {"name": "quarters"}, "spec": {"hard": {key: "4"}}}
-    e2e.core.create_namespaced_resource_quota(e2e.namespace, k8s.V1ResourceQuota.from_dict(quota))
-    wait_for(
-        "quota status",
-        lambda: (
-            raw(
-                e2e.core.read_namespaced_resource_quota(
-                    "quarters", e2e.namespace, _preload_content=False
-                )
-            )
-            .get("status", {})
-            .get("hard", {})
-            .get(key)
-        ),
-        timeout=30,
-    )
+    e2e.quota("quarters", {key: "4"})
     for i in range(4):
         e2e.claim(f"q{i}", "gpu-quarter")
     with pytest.raises(ApiException) as refused:
@@ -181,26 +165,13 @@ def _release(e2e: E2E, pod: str, claim_name: str) -> None:
 
 def test_extended_resource_quota(e2e: E2E) -> None:
     key = f"requests.{DRIVER}/quarter"
-    quota = {"metadata": {"name": "er"}, "spec": {"hard": {key: "1"}}}
-    e2e.core.create_namespaced_resource_quota(e2e.namespace, k8s.V1ResourceQuota.from_dict(quota))
+    e2e.quota("er", {key: "1"})
     node = next(n for n in e2e.nodes)
     limits = {"limits": {f"{DRIVER}/quarter": "1"}}
     spec = {
         "nodeSelector": {"kubernetes.io/hostname": node.name},
         "containers": [{"name": "main", "resources": limits}],
     }
-    wait_for(
-        "quota status",
-        lambda: (
-            raw(
-                e2e.core.read_namespaced_resource_quota("er", e2e.namespace, _preload_content=False)
-            )
-            .get("status", {})
-            .get("hard", {})
-            .get(key)
-        ),
-        timeout=30,
-    )
     e2e.create_pod("er1", spec)
     with pytest.raises(ApiException) as refused:
         e2e.create_pod("er2", spec)

@@ -192,14 +192,6 @@ def chart_quota(e2e: E2E, namespace: str, grants: dict[str, int]) -> dict[str, A
     return quota
 
 
-def quota_ready(e2e: E2E, namespace: str, name: str) -> None:
-    def ready() -> bool:
-        q = raw(e2e.core.read_namespaced_resource_quota(name, namespace, _preload_content=False))
-        return bool((q.get("status") or {}).get("hard"))
-
-    wait_for(f"quota {name} status", ready, timeout=30)
-
-
 @pytest.fixture
 def tenant(e2e: E2E) -> Iterator[Tenant]:
     """The e2e namespace (tenant label set) as team ``tenant`` with the chart's quota: one
@@ -213,9 +205,7 @@ def tenant(e2e: E2E) -> Iterator[Tenant]:
     }
     k8s.RbacAuthorizationV1Api(e2e.api).create_namespaced_role_binding(ns, binding)
     quota = chart_quota(e2e, ns, {"gpu-eighth": 1})
-    quota["metadata"].pop("namespace", None)
-    e2e.core.create_namespaced_resource_quota(ns, quota)
-    quota_ready(e2e, ns, quota["metadata"]["name"])
+    e2e.quota(quota["metadata"]["name"], quota["spec"]["hard"])
     api = token_client(e2e, ns, "tenant")
     try:
         yield Tenant(e2e, ns, api)
