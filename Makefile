@@ -8,11 +8,14 @@ PY_SOURCES := dra_driver tests benchmarks hack/demo hack/gpu-check hack/local-cl
 
 .PHONY: demo test unit integration lint e2e bench proto image clean
 
+# pip's output (build backend warnings included) goes to $(VENV)/install.log; its end is shown
+# when the install fails.
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
-	touch $(STAMP)
+	@echo "python environment: $(VENV) (pip install -e '.[test]', log $(VENV)/install.log)"
+	@$(PYTHON) -m venv $(VENV)
+	@{ $(PY) -m pip install --upgrade pip && $(PY) -m pip install -e '.[test]'; } \
+		>$(VENV)/install.log 2>&1 || { tail -n 30 $(VENV)/install.log; exit 1; }
+	@touch $(STAMP)
 
 demo: $(STAMP)
 	hack/install-node-prereqs
@@ -67,7 +70,8 @@ bench: $(STAMP)
 proto: $(STAMP)
 	hack/gen-proto
 
-# OCI image archives in build/images/ (plugin, pause, busybox); no Docker or registry needed.
+# OCI image archives in build/images/ (plugin, pause, busybox, tenant); no Docker or registry
+# needed.
 image:
 	hack/install-node-prereqs
 	hack/build-image

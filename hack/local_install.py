@@ -70,6 +70,29 @@ def ensure_helm() -> None:
         raise RuntimeError("hack/build-k8s helm failed (see above)")
 
 
+def link_kubectl() -> Path:
+    """Make the kubectl that hack/build-k8s built (the cluster's version, v1.37.2) available
+    beside ``dra-driver``: a symlink ``<virtualenv>/bin/kubectl`` (``.venv/bin/kubectl`` under
+    ``make demo``). Outside a virtualenv nothing is linked.
+
+    Returns:
+        The path to run kubectl by: the link, or the built binary outside a virtualenv.
+
+    Raises:
+        RuntimeError: kubectl has not been built (run ``hack/build-k8s kubectl``).
+    """
+    built = BIN / "kubectl"
+    if not os.access(built, os.X_OK):
+        raise RuntimeError(f"{built} missing: run hack/build-k8s kubectl")
+    if sys.prefix == sys.base_prefix:
+        return built
+    link = Path(sys.prefix) / "bin" / "kubectl"
+    if not (link.is_symlink() and link.resolve() == built.resolve()):
+        link.unlink(missing_ok=True)
+        link.symlink_to(built)
+    return link
+
+
 def helm(kubeconfig: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run the locally built helm against ``kubeconfig``.
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
+
+import yaml
 
 from dra_driver.configload import parse_node_config
 from dra_driver.gpus import SimulatedGpuSource
@@ -62,3 +66,61 @@ def test_the_refusal_shown_is_the_kubelets_not_an_earlier_warning() -> None:
     assert demo.refusals([early]) == []
     assert demo.event_source(refused) == "kubelet"
     assert demo.event_source({"reportingComponent": "resource_claim"}) == "resource_claim"
+
+
+def test_only_the_tools_progress_lines_are_shown() -> None:
+    """make demo showed ~150 'go: downloading' lines, pip's and apt's output among its steps."""
+    demo = _demo()
+    shown = [
+        "build-k8s: building kubelet v1.37.2 (first time ~6-15 min on 2 cores)...",
+        "build-image: plugin image localhost/gpu-fraction-dra:0.1.0 (cached)",
+        "local-cluster: control plane ready in 12.0 s",
+        "local-node: gpu-node-1 Ready",
+    ]
+    hidden = [
+        "go: downloading k8s.io/api v0.37.2",
+        "debconf: delaying package configuration, since apt-utils is not installed",
+        "  SetuptoolsDeprecationWarning: License classifiers are deprecated.",
+        "export KUBECONFIG=/tmp/x/kubeconfig",
+        "warning: build-k8s: not at the start",
+    ]
+    assert [line for line in shown + hidden if demo.is_progress(line)] == shown
+
+
+def _probe(pid: str, state: str) -> str:
+    return (
+        f"tenant-probe: t=2026-01-01T00:00:00+00:00 server=gpu_0 server_pid={pid} "
+        f"namespace=c_x pinned_memory_limit=24G active_thread_percentage=100 state={state}"
+    )
+
+
+def test_a_probe_kept_its_server_only_if_every_later_line_is_attached_to_it() -> None:
+    demo = _demo()
+    before = _probe("41", "connected")
+    assert demo.kept_server(before, [_probe("41", "same"), _probe("41", "same")])
+    assert not demo.kept_server(before, [])  # no report since: nothing shows it kept it
+    assert not demo.kept_server(before, [_probe("41", "same"), _probe("41", "lost")])
+    assert not demo.kept_server(before, [_probe("41", "same"), _probe("97", "connected")])
+
+
+def test_demo_workloads_use_the_images_make_image_builds() -> None:
+    """The demo's pods run images imported into the node, never pulled: their references must
+    be the ones hack/build-image writes (a version bump would leave the pods ErrImageNeverPull)."""
+    root = DEMO.parents[1]
+    built = {
+        subprocess.run(
+            [sys.executable, str(root / "hack" / "build-image"), "--print-ref", image],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        for image in ("busybox", "tenant")
+    }
+    used = {
+        c["image"]
+        for path in sorted((root / "demo").glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc and doc["kind"] == "Pod"
+        for c in doc["spec"]["containers"]
+    }
+    assert used and used <= built, (used, built)
