@@ -11,7 +11,7 @@ from pathlib import Path
 from dra_driver import logs
 from dra_driver.cliargs import build_parser
 from dra_driver.errors import DriverError
-from dra_driver.readcmds import occupancy_command, status_command
+from dra_driver.readcmds import occupancy_command, print_to_pipe, status_command
 
 
 def mps_control(binary: str | None, gpus: str) -> str:
@@ -68,11 +68,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return detect_enforcement(inventory, simulated=simulated).tiers
 
         try:
-            print(render_slices_json(args.node, args.gpus, args.config, args.driver, tiers))
+            text = render_slices_json(args.node, args.gpus, args.config, args.driver, tiers)
         except (DriverError, OSError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        return 0
+        return print_to_pipe(text)
     if args.command == "status":
         return status_command(Path(args.state_dir))
     if args.command == "occupancy":

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
+from kubernetes.config import ConfigException
 
 from dra_driver.occupancy import Cluster, Json
 
@@ -23,21 +24,67 @@ TIMEOUT_S = (5.0, 30.0)
 """Connect and read timeout of each list call, seconds."""
 
 
-def api_client(kubeconfig: str | None) -> k8s.ApiClient:
-    """A client from ``kubeconfig``, else ``$KUBECONFIG``, else ``~/.kube/config`` when it
-    exists, else the in-cluster service account.
+class ConfigSource(NamedTuple):
+    """Where ``occupancy`` takes its Kubernetes configuration from.
+
+    Attributes:
+        label: how a message names it (``--kubeconfig /x``, ``KUBECONFIG=/x``, ...).
+        path: the kubeconfig file (or ``KUBECONFIG``'s list of files), None for the pod's
+            service account.
+    """
+
+    label: str
+    path: str | None
+
+
+def config_source(kubeconfig: str | None, environ: Mapping[str, str], home: Path) -> ConfigSource:
+    """Pick the configuration as kubectl does (pure): ``--kubeconfig``, else ``$KUBECONFIG``
+    (a file, or several joined by ``os.pathsep``, merged), else ``~/.kube/config`` when it
+    exists, else the pod's service account. A ``KUBECONFIG`` that names a missing file is used
+    (and fails naming it) like the flag, never skipped for another configuration."""
+    if kubeconfig:
+        return ConfigSource(f"--kubeconfig {kubeconfig}", kubeconfig)
+    if environ.get("KUBECONFIG"):
+        return ConfigSource(f"KUBECONFIG={environ['KUBECONFIG']}", environ["KUBECONFIG"])
+    default = home / ".kube" / "config"
+    if default.exists():
+        return ConfigSource(f"{default} (no --kubeconfig, KUBECONFIG unset)", str(default))
+    return ConfigSource("the pod's service account (no --kubeconfig, KUBECONFIG unset)", None)
+
+
+NO_CONFIGURATION = (
+    "no Kubernetes configuration: no --kubeconfig, KUBECONFIG is unset, ~/.kube/config does "
+    "not exist, and this is not a pod (KUBERNETES_SERVICE_HOST unset); pass --kubeconfig FILE "
+    "or export KUBECONFIG=FILE"
+)
+
+
+def api_client(source: ConfigSource) -> k8s.ApiClient:
+    """A client for ``source`` (:func:`config_source`), one retry per call.
 
     Raises:
-        ConfigException: unusable kubeconfig (the message names the file) or no configuration.
+        ConfigException: unusable kubeconfig (the message names the file and where it came
+            from) or, without one, not inside a pod (:data:`NO_CONFIGURATION`).
     """
     from dra_driver.kubeconfig import load_kubeconfig
 
-    path = kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
     cfg = k8s.Configuration()
-    if kubeconfig or Path(path).exists():
-        load_kubeconfig(Path(path), cfg)
+    if source.path is None:
+        try:
+            k8s_config.load_incluster_config(client_configuration=cfg)
+        except ConfigException as exc:
+            raise ConfigException(NO_CONFIGURATION) from exc
+    elif os.pathsep in source.path:  # KUBECONFIG's list: merged by the client, as kubectl does
+        try:
+            k8s_config.load_kube_config(config_file=source.path, client_configuration=cfg)
+        except (ConfigException, OSError, ValueError) as exc:
+            raise ConfigException(f"{source.label}: {' '.join(str(exc).split())}") from exc
     else:
-        k8s_config.load_incluster_config(client_configuration=cfg)
+        try:
+            load_kubeconfig(Path(source.path), cfg)
+        except ConfigException as exc:
+            label = "" if source.label.startswith("--") else f" (from {source.label})"
+            raise ConfigException(f"{exc}{label}") from exc
     cfg.retries = 1
     return k8s.ApiClient(cfg)
 

@@ -236,7 +236,14 @@ def test_status_lists_prepared_claims(node: Node) -> None:
         text=True,
         check=True,
     )
-    assert json.loads(empty.stdout) == {"claims": {}}
+    # which directory was read, and that it holds no checkpoint (it printed only {"claims": {}})
+    empty_dir = node.root / "empty"
+    assert json.loads(empty.stdout) == {
+        "stateDir": str(empty_dir),
+        "checkpoint": str(empty_dir / "checkpoint.json"),
+        "claims": {},
+    }
+    assert f"{empty_dir} holds no checkpoint" in empty.stderr
     missing = subprocess.run(
         [*CLI, "status", f"--state-dir={node.root}/typo"], capture_output=True, text=True
     )
@@ -488,6 +495,67 @@ def test_occupancy_with_a_missing_kubeconfig_names_the_file_not_the_server(
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and f"kubeconfig {missing}: no such file" in out.stderr
     assert "server address" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    "sub", [["render-slices", "--node=n", "--gpus=simulated:H200x8"], ["status"]]
+)
+def test_output_cut_short_by_the_reader_is_not_a_traceback(sub: list[str], tmp_path: Path) -> None:
+    """`dra-driver occupancy | head -5` ended in a BrokenPipeError traceback; every command
+    that prints a report writes through the same helper (occupancy's own run needs an API
+    server: tests/integration/test_occupancy_cluster.py). The reader here closes its end
+    before the command writes, as ``head`` does once it has its lines."""
+    if sub == ["status"]:
+        sub = ["status", f"--state-dir={tmp_path}"]
+    proc = subprocess.Popen([*CLI, *sub], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    rc = proc.wait(timeout=60)
+    stderr = proc.stderr.read().decode()
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
+    assert rc == 0
+
+
+def _no_kubeconfig_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG",)}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    env["HOME"] = str(tmp_path / "home")  # no ~/.kube/config
+    return env
+
+
+def test_occupancy_with_kubeconfig_env_missing_names_it_like_the_flag(tmp_path: Path) -> None:
+    """With KUBECONFIG exported but the file gone, occupancy fell back to the in-cluster
+    configuration and said only 'Service host/port is not set.'"""
+    gone = tmp_path / "cluster" / "kubeconfig"
+    env = {**_no_kubeconfig_env(tmp_path), "KUBECONFIG": str(gone)}
+    out = subprocess.run([*CLI, "occupancy"], capture_output=True, text=True, env=env)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert f"kubeconfig {gone}: no such file" in out.stderr
+    assert f"(from KUBECONFIG={gone})" in out.stderr
+    assert "Service host/port" not in out.stderr
+
+
+def test_occupancy_with_kubeconfig_env_and_no_server_names_the_server_and_the_source(
+    tmp_path: Path,
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = _kubeconfig(tmp_path / "kubeconfig", f"https://127.0.0.1:{port}")
+    env = {**_no_kubeconfig_env(tmp_path), "KUBECONFIG": str(config)}
+    out = subprocess.run([*CLI, "occupancy"], capture_output=True, text=True, env=env)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert f"https://127.0.0.1:{port} (from KUBECONFIG={config})" in out.stderr
+
+
+def test_occupancy_without_any_configuration_says_what_was_tried(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [*CLI, "occupancy"], capture_output=True, text=True, env=_no_kubeconfig_env(tmp_path)
+    )
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    for tried in ("no --kubeconfig", "KUBECONFIG is unset", "~/.kube/config", "not a pod"):
+        assert tried in out.stderr
+    assert "Service host/port" not in out.stderr
 
 
 def test_status_of_a_garbage_checkpoint_is_one_line_and_exit_2(tmp_path: Path) -> None:
