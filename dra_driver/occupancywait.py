@@ -7,7 +7,13 @@ made from a ResourceClaimTemplate, or the template's spec while that claim does 
 yet) or one of its containers' extended resources (a class's ``extendedResourceName``) names a
 class whose CEL selector is on ``device.driver == "<driver>"``.
 
-Each such request is checked in this order; the first failing check is the pod's reason:
+A waiting pod whose claim names a DeviceClass that does not exist (a typo such as
+``gpu-quater``: the API server accepts the claim, the scheduler waits) is listed too, with the
+reason ``unknown-device-class`` and the closest existing class names (:mod:`difflib`, the
+driver's classes first).
+
+Each request for one of the driver's classes is checked in this order; the first failing
+check is the pod's reason:
 
 1. ``quota-exhausted``: the request is not admitted yet (its claim does not exist, or it is an
    extended resource) and a ResourceQuota of the namespace has ``used >= hard`` for
@@ -38,6 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from difflib import get_close_matches
 from fractions import Fraction
 
 from dra_driver.config import DEFAULT_PRODUCTS
@@ -57,6 +64,7 @@ from dra_driver.occupancy import (
 )
 from dra_driver.vocabulary import ANY_PRODUCT, FractionModel
 
+UNKNOWN_CLASS = "unknown-device-class"
 QUOTA = "quota-exhausted"
 NO_NODE = "no-matching-node"
 NO_DEVICE = "no-device-for-class"
@@ -64,8 +72,10 @@ TAINTED = "gpu-tainted"
 OTHER_MODE = "other-compute-mode"
 NO_MEMORY = "not-enough-memory"
 UNKNOWN = "unknown"
-REASONS = (QUOTA, NO_NODE, NO_DEVICE, TAINTED, OTHER_MODE, NO_MEMORY, UNKNOWN)
+REASONS = (UNKNOWN_CLASS, QUOTA, NO_NODE, NO_DEVICE, TAINTED, OTHER_MODE, NO_MEMORY, UNKNOWN)
 """Reasons in the order they are checked."""
+SIMILAR_CUTOFF = 0.6
+"""How alike a class name must be to be offered as the one meant (difflib's ratio, 0-1)."""
 
 
 @dataclass(frozen=True)
@@ -117,8 +127,9 @@ def _requests(spec: Json) -> Iterator[Json]:
         yield from r.get("firstAvailable") or []
 
 
-def wanted(pod: Json, cluster: Cluster, classes: Mapping[str, DeviceClassInfo]) -> list[Wanted]:
-    """The pod's requests for ``classes``: from its claims, templates and extended resources."""
+def claim_specs(pod: Json, cluster: Cluster) -> list[tuple[Json, bool]]:
+    """(claim spec, admitted) of each of the pod's claims: its ResourceClaim's spec when it
+    exists (admitted), else its template's claim spec (not admitted yet)."""
     ns = pod["metadata"].get("namespace", "")
     claims = {c["metadata"]["name"]: c for c in cluster.claims if c["metadata"]["namespace"] == ns}
     templates = {
@@ -136,6 +147,42 @@ def wanted(pod: Json, cluster: Cluster, classes: Mapping[str, DeviceClassInfo]) 
         elif ref.get("resourceClaimTemplateName") in templates:
             template = templates[ref["resourceClaimTemplateName"]]
             specs.append(((template.get("spec") or {}).get("spec") or {}, False))
+    return specs
+
+
+def unknown_classes(pod: Json, cluster: Cluster) -> list[str]:
+    """The DeviceClass names the pod's claims ask for that no DeviceClass has, in order."""
+    existing = {c["metadata"]["name"] for c in cluster.classes}
+    names = (
+        r.get("deviceClassName") for spec, _ in claim_specs(pod, cluster) for r in _requests(spec)
+    )
+    return list(dict.fromkeys(n for n in names if n and n not in existing))
+
+
+def closest_classes(name: str, ours: Sequence[str], others: Sequence[str]) -> list[str]:
+    """Existing class names like ``name`` (at most 3), the driver's own (``ours``) first."""
+    found = get_close_matches(name, ours, n=3, cutoff=SIMILAR_CUTOFF)
+    found += get_close_matches(name, others, n=3, cutoff=SIMILAR_CUTOFF)
+    return found[:3]
+
+
+def unknown_class_detail(names: Sequence[str], cluster: Cluster, driver: str) -> str:
+    """What ``unknown-device-class`` says: each missing class and what may have been meant."""
+    ours = sorted(our_classes(cluster.classes, driver))
+    others = sorted({c["metadata"]["name"] for c in cluster.classes} - set(ours))
+    parts = []
+    for name in names:
+        similar = closest_classes(name, ours, others)
+        meant = (
+            f"did you mean {' or '.join(similar)}?" if similar else "no class has a similar name"
+        )
+        parts.append(f"DeviceClass {name} does not exist; {meant}")
+    return "; ".join(parts) + " (kubectl get deviceclasses)"
+
+
+def wanted(pod: Json, cluster: Cluster, classes: Mapping[str, DeviceClassInfo]) -> list[Wanted]:
+    """The pod's requests for ``classes``: from its claims, templates and extended resources."""
+    specs = claim_specs(pod, cluster)
     found = [
         Wanted(classes[r["deviceClassName"]], r, admitted)
         for spec, admitted in specs
@@ -292,16 +339,26 @@ def reason(
 
 
 def pending_pods(cluster: Cluster, gpus: Sequence[GpuUse], driver: str) -> list[Pending]:
-    """Every waiting pod (:func:`is_waiting`) with requests for the driver's classes, and its
-    reason, sorted by namespace and name."""
+    """Every waiting pod (:func:`is_waiting`) with requests for the driver's classes or for a
+    class that does not exist, and its reason, sorted by namespace and name."""
     classes = our_classes(cluster.classes, driver)
     found = []
     for pod in cluster.pods:
-        items = wanted(pod, cluster, classes) if is_waiting(pod) else []
+        if not is_waiting(pod):
+            continue
+        meta = pod["metadata"]
+        missing = unknown_classes(pod, cluster)
+        items = wanted(pod, cluster, classes)
+        if missing:
+            detail = unknown_class_detail(missing, cluster, driver)
+            names = tuple(dict.fromkeys([*missing, *(i.cls.name for i in items)]))
+            found.append(
+                Pending(meta.get("namespace", ""), meta["name"], names, UNKNOWN_CLASS, detail)
+            )
+            continue
         if not items:
             continue
         why, detail = reason(pod, items, cluster, gpus, driver)
-        meta = pod["metadata"]
         names = tuple(dict.fromkeys(i.cls.name for i in items))
         found.append(Pending(meta.get("namespace", ""), meta["name"], names, why, detail))
     return sorted(found, key=lambda p: (p.namespace, p.name))

@@ -23,6 +23,7 @@ from dra_driver.occupancywait import (
     QUOTA,
     TAINTED,
     UNKNOWN,
+    UNKNOWN_CLASS,
     build_report,
 )
 from dra_driver.offer import offered_devices
@@ -315,8 +316,39 @@ def test_pods_not_waiting_for_our_classes_are_left_out(change: str) -> None:
     elif change == "scheduled":
         pod["status"]["conditions"][0]["status"] = "True"
     cls = "gpu.example.com" if change == "other class" else "gpu-quarter"
-    cluster = busy_cluster(pods=[pod], templates=[template("t", cls)])
+    other = {
+        "metadata": {"name": "gpu.example.com"},
+        "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.example.com"'}}]},
+    }
+    cluster = busy_cluster(pods=[pod], templates=[template("t", cls)], classes=[other])
     assert build_report(cluster, DRIVER).pending == []
+
+
+def test_a_pod_waiting_on_a_class_that_does_not_exist_is_listed_with_the_closest_name() -> None:
+    """A claim for gpu-quater stays Pending with a scheduler event, and occupancy left the pod
+    out (it names none of the driver's classes)."""
+    pod = pending_pod("typo", templates={"gpu": "t"})
+    cluster = busy_cluster(pods=[pod], templates=[template("t", "gpu-quater")])
+    [pending] = build_report(cluster, DRIVER).pending
+    assert (pending.name, pending.classes, pending.reason) == (
+        "typo",
+        ("gpu-quater",),
+        UNKNOWN_CLASS,
+    )
+    assert pending.detail.startswith(
+        "DeviceClass gpu-quater does not exist; did you mean gpu-quarter"
+    )
+    assert "typo" in render_table(build_report(cluster, DRIVER))
+    nothing_alike = busy_cluster(pods=[pod], templates=[template("t", "zzzz")])
+    assert "no class has a similar name" in reason_of(nothing_alike)[1]
+
+
+def test_an_admitted_claim_of_an_unknown_class_is_listed_too() -> None:
+    claim = unallocated("c", "gpu-halff")
+    pod = pending_pod("typo", claims={"gpu": "c"})
+    cluster = busy_cluster(pods=[pod], claims=[claim])
+    why, detail = reason_of(cluster)
+    assert why == UNKNOWN_CLASS and "did you mean gpu-half" in detail
 
 
 def test_node_filter() -> None:
