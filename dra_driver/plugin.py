@@ -42,7 +42,7 @@ from dra_driver.mps.nvml import NvmlFacade, PynvmlFacade
 from dra_driver.mps.usage import MpsUsageSource
 from dra_driver.offer import offered_devices
 from dra_driver.preparation import ClaimPreparation
-from dra_driver.publisher import SlicePublisher
+from dra_driver.publisher import PublishError, SlicePublisher
 from dra_driver.rootclients import RootClientWatch
 from dra_driver.runner import SubprocessRunner
 from dra_driver.slices import build_slices
@@ -194,14 +194,36 @@ def check_mps(
     return True
 
 
-def read_node_uid(api: k8s.ApiClient, node_name: str) -> str | None:
-    """The Node's UID (slices get it as owner, so they go away with the Node), or None."""
+def read_node_uid(api: k8s.ApiClient, node_name: str) -> str:
+    """The Node's UID: every slice gets it as owner, so the slices go away with the Node.
+
+    Raises:
+        PublishError: the Node does not exist or cannot be read; nothing is published until
+            it can be (a slice without an owner would outlive a mistyped ``--node-name`` and
+            show a node that does not exist).
+    """
     try:
         node = k8s.CoreV1Api(api).read_node(node_name, _request_timeout=10)
-    except (ApiException, HTTPError, OSError) as exc:
-        log.warning("node not readable; slices published without owner", error=str(exc))
-        return None
-    return node.metadata.uid if node.metadata else None
+    except ApiException as exc:
+        if exc.status == 404:
+            raise PublishError(
+                f"Node {node_name!r} does not exist: not publishing ResourceSlices until it "
+                "does; is --node-name (NODE_NAME) the name this node's kubelet registered?"
+            ) from exc
+        raise PublishError(
+            f"Node {node_name!r} cannot be read ({exc.status} {exc.reason}): not publishing "
+            "ResourceSlices until it can (they need the Node as their owner; the plugin's "
+            "ClusterRole grants get on nodes)"
+        ) from exc
+    except (HTTPError, OSError) as exc:
+        raise PublishError(
+            f"Node {node_name!r} cannot be read ({' '.join(str(exc).split())}): not publishing "
+            "ResourceSlices until it can"
+        ) from exc
+    uid = node.metadata.uid if node.metadata else None
+    if not uid:
+        raise PublishError(f"Node {node_name!r} has no UID: not publishing ResourceSlices")
+    return str(uid)
 
 
 def make_enforcer(

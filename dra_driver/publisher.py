@@ -80,6 +80,10 @@ class ResourceSliceApi(Protocol):
         ...
 
 
+RETRY_S = 5.0
+"""Seconds before a failed publishing round is retried (at most the publish interval)."""
+
+
 class PublishError(DriverError, RuntimeError):
     """Publishing failed: a non-retryable API error, or retries exhausted (``__cause__``)."""
 
@@ -245,20 +249,23 @@ class SlicePublisher:
         """Publish ``desired_fn()`` now and every ``interval`` seconds until ``stop_event``.
 
         Setting ``wake`` (e.g. from :meth:`watch`, when someone else deleted or changed one
-        of our slices) starts the next round at once. Errors are logged and retried at the
-        next round; slices are left in place on stop (the kubelet removes them if the plugin
-        stays away). Set ``wake`` after ``stop_event`` to end a wait early.
+        of our slices) starts the next round at once. Errors (of ``desired_fn`` too: e.g. the
+        Node cannot be read) are logged and retried after at most :data:`RETRY_S` seconds;
+        slices are left in place on stop (the kubelet removes them if the plugin stays away).
+        Set ``wake`` after ``stop_event`` to end a wait early.
         """
         self._stop = stop_event
         wake = wake or stop_event
         while not stop_event.is_set():
+            wait = interval
             try:
                 self.publish(desired_fn())
             except Exception as exc:  # keep the loop alive; the next round retries
                 if stop_event.is_set():
                     break
-                log.error("resource slice publishing failed", error=str(exc), interval_s=interval)
-            wake.wait(interval)
+                wait = min(interval, RETRY_S)
+                log.error("resource slice publishing failed", error=str(exc), retry_s=wait)
+            wake.wait(wait)
             if wake is not stop_event:
                 wake.clear()
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -199,3 +201,57 @@ def test_occupancy_of_scheduled_and_pending_pods(api: k8s.ApiClient) -> None:
     assert len(g0["claims"]) == 2 and len(g1["claims"]) == 1
     assert [p["name"] for p in doc["pending"]] == ["pod-full"]
     assert json.loads(occupancy("-o", "json", "--node", "elsewhere")) == {"gpus": [], "pending": []}
+
+
+def test_a_plugin_for_a_node_that_does_not_exist_publishes_nothing(api: k8s.ApiClient) -> None:
+    """A kubelet-plugin started by hand with --node-name for a node that does not exist
+    published two ResourceSlices without an owner and left them after SIGTERM, so occupancy
+    listed a phantom node. It now publishes nothing until the Node exists (saying so), then
+    slices owned by the Node, which go with it."""
+    name = "phantom-node"
+    res, core = k8s.ResourceV1Api(api), k8s.CoreV1Api(api)
+    # short: the MPS sockets under --mps-root must fit the kernel's 107 bytes
+    tmp_path = Path(tempfile.mkdtemp(prefix="phantom-"))
+    log = tmp_path / "plugin.log"
+
+    def slices() -> list[Any]:
+        return res.list_resource_slice(field_selector=f"spec.nodeName={name}").items
+
+    with log.open("w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dra_driver", "kubelet-plugin", f"--node-name={name}",
+             "--gpus=simulated:H200x1", f"--kubeconfig={STATE / 'kubeconfig'}",
+             f"--plugin-dir={tmp_path}/p", f"--registry-dir={tmp_path}/r",
+             f"--cdi-root={tmp_path}/cdi", f"--state-dir={tmp_path}/s",
+             f"--mps-root={tmp_path}/run", "--publish-interval=1",
+             # publishing is the subject, not MPS (no MPS service runs beside this plugin)
+             "--simulated-enforcer=recording"],
+            stdout=subprocess.DEVNULL, stderr=sink, text=True,
+        )  # fmt: skip
+    try:
+
+        def said() -> bool:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            return f"Node '{name}' does not exist: not publishing" in log.read_text()
+
+        wait_for("the plugin saying why it does not publish", said, timeout=60)
+        time.sleep(2)  # two more rounds
+        assert slices() == []
+        assert name not in occupancy()
+        create(
+            api,
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}},
+        )
+        uid = core.read_node(name).metadata.uid
+        published = wait_for("slices once the Node exists", slices, timeout=30)
+        owners = [
+            [(o.kind, o.name, o.uid) for o in s.metadata.owner_references or []] for s in published
+        ]
+        assert owners == [[("Node", name, uid)]] * len(published)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert proc.returncode == 0, log.read_text()[-2000:]
+    core.delete_node(name)
+    wait_for("the Node's slices garbage-collected with it", lambda: not slices(), timeout=60)
+    shutil.rmtree(tmp_path, ignore_errors=True)
