@@ -62,8 +62,24 @@ e2e: $(STAMP)
 	hack/build-k8s
 	$(PY) -m pytest -m e2e -q
 
+# bench: every script in benchmarks/ at full size (each prints its table and ends with a
+# `<name>: <number>` line; `make integration` and `make e2e` run them with --smoke). In process
+# or with simulated GPUs, no cluster: bench_prepare, bench_prepare_under_load,
+# bench_garbage_memory, bench_mps_service. A kubelet-less local control plane of their own
+# (benchlib.local_cluster: hack/local-cluster up, down at the end; its binaries built here
+# first): bench_scheduler (50 and 150 nodes: long on 2 cores), bench_packing, check_modes. A
+# local cluster of its own with one real node: bench_pod_start (node prerequisites first).
+CLUSTER_TOOLS := etcd kube-apiserver kube-controller-manager kube-scheduler
+
 bench: $(STAMP)
 	$(PY) benchmarks/bench_prepare.py
+	$(PY) benchmarks/bench_prepare_under_load.py
+	$(PY) benchmarks/bench_garbage_memory.py
+	$(PY) benchmarks/bench_mps_service.py
+	hack/build-k8s $(CLUSTER_TOOLS)
+	$(PY) benchmarks/bench_scheduler.py
+	$(PY) benchmarks/bench_packing.py
+	$(PY) benchmarks/check_modes.py
 	hack/install-node-prereqs
 	$(PY) benchmarks/bench_pod_start.py
 

@@ -1,5 +1,5 @@
-"""Packing with the real kube-scheduler: how full one 8 x H200 node gets before a claim stays
-Pending.
+"""Packing with the real kube-scheduler: how full one 8 x H200 node (``--gpus``) gets before a
+claim stays Pending.
 
 Per seed: a fresh kubelet-less node with the layout's slices; claims arrive one at a time,
 each of a size drawn (seeded, uniform) from ``--sizes`` (portions of a card; a size maps to
@@ -11,7 +11,7 @@ slots); ``file:benchmarks/layouts/products_v1.py`` is the layout before issue 11
 is waited for until it is bound or the scheduler marks it PodScheduled=False/Unschedulable
 (or ``--wait`` seconds pass, counted as Pending). At the first Pending pod the run stops and
 reports the share of the node's GPU memory allocated: sum of the sizes of the bound claims /
-GPUs.
+GPUs (a fraction, 1.0 = every card full).
 
 Measured for the issue-11 note (Kube-DC-like mix, then with eighths; 2 shared cores):
     .venv/bin/python benchmarks/bench_packing.py --sizes 0.25,0.5,1 [--layout L]
@@ -19,7 +19,12 @@ Measured for the issue-11 note (Kube-DC-like mix, then with eighths; 2 shared co
 with L = render-slices (default) and file:benchmarks/layouts/products_v1.py.
 
 Usage: .venv/bin/python benchmarks/bench_packing.py [--layout render-slices|file:PATH]
-    [--config NODE_CONFIG] [--seeds 5] [--sizes 0.25,0.5,1] [--kubeconfig PATH]
+    [--config NODE_CONFIG] [--seeds 5] [--sizes 0.25,0.5,1] [--gpus 8] [--kubeconfig PATH]
+    [--smoke]
+
+--smoke fills a 1-GPU node for seed 1 only (the integration tests run it against their
+control plane with --kubeconfig; numbers not checked). The last line is
+``packing_mean_allocated_share: <fraction>`` (mean over the seeds).
 """
 
 from __future__ import annotations
@@ -35,7 +40,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
 
-GPUS = 8
 CLASS_OF = {size: f"gpu-{stem}" for stem, size in benchlib.PRODUCT_SIZES.items()}
 
 
@@ -66,12 +70,14 @@ def fill(
     seed: int,
     sizes: list[float],
     wait: float,
+    gpus: int,
 ) -> tuple[float, list[float]]:
-    """One seed on a fresh node; returns (allocated share, sizes bound in order)."""
+    """One seed on a fresh node of ``gpus`` GPUs; returns (allocated share, sizes bound in
+    order)."""
     rng = random.Random(seed)
     cluster.put_classes(layout.classes())
     cluster.put_policies(layout)
-    cluster.add_nodes(layout, run, 1, GPUS)
+    cluster.add_nodes(layout, run, 1, gpus)
     cluster.namespace(run)
     bound: list[float] = []
     try:
@@ -80,7 +86,7 @@ def fill(
             if not place(
                 cluster, run, f"c{len(bound):03d}", layout.claim_spec(CLASS_OF[size]), wait
             ):
-                return sum(bound) / GPUS, bound
+                return sum(bound) / gpus, bound
             bound.append(size)
     finally:
         cluster.cleanup(run, run)
@@ -94,8 +100,12 @@ def main() -> int:
     p.add_argument("--sizes", default="0.25,0.5,1", help="card portions (0.125 adds eighths)")
     p.add_argument("--wait", type=float, default=20.0, help="seconds before a pod counts Pending")
     p.add_argument("--kubeconfig", default=None)
+    p.add_argument("--gpus", type=int, default=8, help="GPUs of the node")
     p.add_argument("--keep-cluster", action="store_true")
+    p.add_argument("--smoke", action="store_true", help="1 GPU, seed 1 (numbers not checked)")
     args = p.parse_args()
+    if args.smoke:
+        args.gpus, args.seeds = 1, 1
     sizes = [float(s) for s in args.sizes.split(",")]
     for s in sizes:
         if s not in CLASS_OF:
@@ -108,13 +118,16 @@ def main() -> int:
         cluster = benchlib.Cluster(kubeconfig)
         try:
             for seed in range(1, args.seeds + 1):
-                share, bound = fill(cluster, layout, f"bp{tag}-{seed}", seed, sizes, args.wait)
+                share, bound = fill(
+                    cluster, layout, f"bp{tag}-{seed}", seed, sizes, args.wait, args.gpus
+                )
                 shares.append(share)
                 print(f"seed {seed}: {share:6.1%} allocated, {len(bound)} claims bound", flush=True)
         finally:
             cluster.close()
-    print(f"layout {args.layout} config {args.config} sizes {args.sizes}")
+    print(f"layout {args.layout} config {args.config} sizes {args.sizes} GPUs {args.gpus}")
     print(f"mean {statistics.mean(shares):.1%}  min {min(shares):.1%}  max {max(shares):.1%}")
+    print(f"packing_mean_allocated_share: {statistics.mean(shares):.3f}")
     return 0
 
 

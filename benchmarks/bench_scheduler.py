@@ -24,7 +24,12 @@ Measured for the issue-11 note (2 shared cores):
 Usage: .venv/bin/python benchmarks/bench_scheduler.py [--nodes 50,150] [--pods 200,600]
     [--layout render-slices|render-slices:NODE_CONFIG|file:PATH ...] [--config NODE_CONFIG]
     [--class gpu-quarter] [--scheduler-qps 500] [--scheduler-burst 1000] [--cm-qps 500]
-    [--cm-burst 1000] [--kubeconfig PATH] [--keep-cluster]
+    [--cm-burst 1000] [--kubeconfig PATH] [--keep-cluster] [--smoke]
+
+--smoke measures 1 node and 4 pods per layout (the integration tests run it against their
+control plane with --kubeconfig; numbers not checked). Rates are pods per second; the last
+line is ``scheduler_min_ratio_to_plain: <number>``, the smallest model/baseline ratio of the
+rows (0 when a rate is 0). Exit 1 when a pod was left unbound.
 """
 
 from __future__ import annotations
@@ -125,7 +130,10 @@ def main() -> int:
     p.add_argument("--cm-burst", default="1000", help="kube-controller-manager --kube-api-burst")
     p.add_argument("--kubeconfig", default=None, help="use this cluster instead of a local one")
     p.add_argument("--keep-cluster", action="store_true")
+    p.add_argument("--smoke", action="store_true", help="1 node, 4 pods (numbers not checked)")
     args = p.parse_args()
+    if args.smoke:
+        args.nodes, args.pods = "1", "4"
     node_counts = [int(n) for n in args.nodes.split(",")]
     pod_counts = (
         [int(n) for n in args.pods.split(",")] if args.pods else [4 * n for n in node_counts]
@@ -162,15 +170,20 @@ def main() -> int:
     )
     for row in rows:
         print_row(*row)
+    print(f"scheduler_min_ratio_to_plain: {min(ratio(b, m) for *_, b, m in rows):.2f}")
     return 0 if all(b.bound == n and m.bound == n for _, _, n, b, m in rows) else 1
 
 
+def ratio(base: Result, model: Result) -> float:
+    """Model pods/s over baseline pods/s (0 when the baseline bound nothing)."""
+    return model.pods_per_s / base.pods_per_s if base.pods_per_s else 0.0
+
+
 def print_row(spec: str, nodes: int, pods: int, base: Result, model: Result) -> None:
-    ratio = model.pods_per_s / base.pods_per_s if base.pods_per_s else 0.0
     label = Path(spec.removeprefix("file:")).stem if spec.startswith("file:") else spec
     print(
         f"{label:13}  {nodes:5d} {pods:5d}  {base.pods_per_s:15.1f}  {model.pods_per_s:12.1f}"
-        f"  {ratio:5.2f}"
+        f"  {ratio(base, model):5.2f}"
         f"  (base {base.bound}/{base.seconds:.1f}s gates {base.ungated:.1f}s"
         f" u{base.unschedulable}, model {model.bound}/{model.seconds:.1f}s"
         f" gates {model.ungated:.1f}s u{model.unschedulable})",

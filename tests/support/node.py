@@ -21,7 +21,7 @@ from dra_driver.locking import PrepareLock
 from dra_driver.mps import FractionEnforcer, RecordingEnforcer
 from dra_driver.offer import offered_devices
 from dra_driver.preparation import ClaimPreparation
-from dra_driver.vocabulary import FractionModel
+from dra_driver.vocabulary import COMPUTE_MODES, FractionModel
 from tests.support import claimfactory as cf
 from tests.support.apiserver_stub import ClaimServer
 from tests.support.nodedirs import NodeDirs
@@ -128,6 +128,18 @@ def share_result(
     portion = next(p.portion for p in DEFAULT_PRODUCTS if p.name == product)
     slots = str(int(portion * device.slots))
     return cf.result(device.name, pool, request=request, share_id=share, slots=slots)
+
+
+def shared_devices(devices: dict[str, FractionDevice]) -> list[FractionDevice]:
+    """The products-model shared devices of ``devices`` (one per GPU and compute mode, the
+    ones product claims are allocated shares of), ordered by GPU index, then compute mode in
+    :data:`~dra_driver.vocabulary.COMPUTE_MODES` order."""
+    shared = [
+        d
+        for d in devices.values()
+        if d.fraction_model == FractionModel.PRODUCTS and d.product is None
+    ]
+    return sorted(shared, key=lambda d: (d.gpu.index, COMPUTE_MODES.index(d.compute_mode)))
 
 
 def plugin_devices(gpus: str, node: str) -> dict[str, FractionDevice]:
