@@ -4,6 +4,8 @@ and never holds the prepare lock)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for_futures
@@ -76,10 +78,41 @@ def read_timeout(ref: ClaimRef, reading: Budget, call: Budget) -> PrepareError:
     )
 
 
-def unread_error(ref: ClaimRef) -> PrepareError:
-    """The claim was prepared when the call came (so not read) and was unprepared by another
-    plugin instance before this call got the lock (a rolling update)."""
-    return PrepareError(
-        f"claim {ref.namespace}/{ref.name} was unprepared by another plugin instance while "
-        "this call waited; the kubelet retries"
+def unread_error(ref: ClaimRef, here: bool) -> PrepareError:
+    """The claim was prepared when the call came (so not read) and was unprepared before this
+    call got the prepare lock: by a NodeUnprepareResources call of this plugin (``here``) or
+    by another plugin instance (the other pod of a rolling update)."""
+    who = (
+        "a NodeUnprepareResources call for it that ran while this call waited for the node's "
+        "prepare lock (the kubelet unprepares a claim once no pod uses it)"
+        if here
+        else "another instance of the plugin (the other pod of a rolling update) while this "
+        "call waited for the node's prepare lock"
     )
+    return PrepareError(
+        f"claim {ref.namespace}/{ref.name} was unprepared by {who}; not prepared now: if a "
+        "pod still needs it, the kubelet calls again"
+    )
+
+
+class UnpreparedLog:
+    """When this plugin last unprepared each claim (monotonic seconds), so a Prepare that
+    lost a race with an Unprepare can say which one it was; entries older than
+    :data:`KEEP_S` are dropped."""
+
+    KEEP_S = 600.0
+
+    def __init__(self) -> None:
+        self._at: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def add(self, uid: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._at = {u: t for u, t in self._at.items() if now - t < self.KEEP_S}
+            self._at[uid] = now
+
+    def since(self, uid: str, start: float) -> bool:
+        """Whether this plugin unprepared ``uid`` at or after ``start`` (monotonic)."""
+        with self._lock:
+            return self._at.get(uid, -1.0) >= start

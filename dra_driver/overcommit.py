@@ -43,10 +43,18 @@ def overcommit_error(plan: ClaimPlan, prepared: Iterable[ClaimPlan]) -> str | No
             holder = shares[(d.device, d.share_id)]
             return f"share {d.share_id} of device {d.device} is already prepared for claim {holder}"
         mode, holder = modes.setdefault(d.gpu.uuid, (d.compute_mode, plan.claim.uid))
+        if mode != d.compute_mode and holder == plan.claim.uid:
+            return (
+                f"this claim asks for both {mode} and {d.compute_mode} on GPU {d.gpu.index} "
+                f"({d.gpu.uuid}; device {d.device} is {d.compute_mode}), and one GPU never "
+                "carries both modes: ask for one mode per GPU (one device class, or a "
+                "distinctAttribute constraint on the GPU's uuid)"
+            )
         if mode != d.compute_mode:
             return (
                 f"GPU {d.gpu.index} ({d.gpu.uuid}) runs {mode} claims (e.g. {holder}); device "
-                f"{d.device} asks for {d.compute_mode}, and one GPU never carries both modes"
+                f"{d.device} asks for {d.compute_mode}, and one GPU never carries both modes "
+                f"until its {mode} claims end"
             )
         memory[d.gpu.uuid] = memory.get(d.gpu.uuid, 0) + d.memory_request_bytes
         if memory[d.gpu.uuid] > d.gpu.memory_bytes:

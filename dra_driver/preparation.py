@@ -55,7 +55,7 @@ from dra_driver.claimplan import (
     plan_claim,
     validate_uid,
 )
-from dra_driver.claimreads import ClaimReads, unread_error
+from dra_driver.claimreads import ClaimReads, UnpreparedLog, unread_error
 from dra_driver.claims import ClaimReader
 from dra_driver.devicenodes import check_device_nodes
 from dra_driver.devices import FractionDevice
@@ -148,6 +148,7 @@ class ClaimPreparation:
         self.pod_claims = PodClaims()
         self.on_prepared = on_prepared or (lambda plan: None)
         self.caps = caps
+        self.unprepared_here = UnpreparedLog()
 
     def start(self) -> None:
         """Load the checkpoint and reconcile records, enforcement and CDI specs both ways:
@@ -230,13 +231,14 @@ class ClaimPreparation:
         """
         refs = list({r.uid: r for r in refs}.values())
         started = time.perf_counter()
+        since = time.monotonic()
         call = Budget.of(self.call_budget)
         # Read outside the lock (claims our snapshot knows are answered from the checkpoint).
         reading = Budget.of(call.seconds * CLAIM_READ_SHARE)
         unknown = [r for r in refs if r.uid not in self.checkpoint.claims]
         claims = self._reads.read_all(unknown, reading, call)
         try:
-            outcomes = self._prepare_locked(refs, claims, call)
+            outcomes = self._prepare_locked(refs, claims, call, since)
         except LockTimeout as exc:
             error = lock_timeout_message(call, exc)
             outcomes = {r.uid: PrepareOutcome(error=error) for r in refs}
@@ -248,9 +250,11 @@ class ClaimPreparation:
         refs: list[ClaimRef],
         claims: Mapping[str, Mapping[str, Any] | Exception],
         call: Budget,
+        since: float,
     ) -> dict[str, PrepareOutcome]:
         """The part of :meth:`prepare` under the lock: ``claims`` are the reads (or their
-        errors) of the claims that were not prepared when the call came.
+        errors) of the claims that were not prepared when the call came (at ``since``,
+        monotonic).
 
         Raises:
             LockTimeout: the lock was not obtained within the call's budget.
@@ -270,7 +274,8 @@ class ClaimPreparation:
             prepared = {p.claim.uid: p for p in self.prepared_plans()} if todo else {}
             fresh: list[str] = []
             for ref in todo:
-                claim = claims[ref.uid] if ref.uid in claims else unread_error(ref)
+                here = self.unprepared_here.since(ref.uid, since)
+                claim = claims[ref.uid] if ref.uid in claims else unread_error(ref, here)
                 step = partial(self._prepare_budgeted, ref, claim, table, prepared, call)
                 outcomes[ref.uid] = self._claim_outcome(ref, step)
                 if not outcomes[ref.uid].error:
@@ -332,7 +337,7 @@ class ClaimPreparation:
         plan = plan_claim(ref, claim, self.driver_name, self.pool, table, self.caps)
         problem = overcommit_error(plan, (p for u, p in prepared.items() if u != ref.uid))
         if problem:
-            raise PrepareError(f"{problem}; refusing to over-commit the GPU")
+            raise PrepareError(f"not prepared: {problem}")
         check_device_nodes(self.device_root_view, plan)
         edits = self.enforcer.apply(plan)
         try:

@@ -17,6 +17,7 @@ from dra_driver import budget, cdifiles
 from dra_driver.budget import Budget, check_started, lock_timeout_message
 from dra_driver.checkpoint import Checkpoint
 from dra_driver.claimplan import ClaimRef, PrepareError, validate_uid
+from dra_driver.claimreads import UnpreparedLog
 from dra_driver.errors import CLAIM_ERRORS
 from dra_driver.locking import LockTimeout, PrepareLock
 from dra_driver.metrics import Metrics
@@ -38,6 +39,7 @@ class PreparationParts(Protocol):
     metrics: Metrics
     pod_claims: PodClaims
     enforcer: FractionEnforcer
+    unprepared_here: UnpreparedLog
 
 
 def unprepare(prep: PreparationParts, refs: Iterable[ClaimRef]) -> dict[str, str]:
@@ -89,6 +91,9 @@ def _unprepare_locked(prep: PreparationParts, refs: list[ClaimRef], call: Budget
                 for uid in removed:
                     errors[uid] = f"checkpoint write to {prep.checkpoint.path} failed: {exc}"
                 valid = [r for r in valid if r.uid not in removed]
+            else:
+                for uid in removed:
+                    prep.unprepared_here.add(uid)
         for ref in valid:
             errors[ref.uid] = _remove_artifacts(prep, ref, call)
     return errors

@@ -15,6 +15,19 @@ class MpsError(ClaimError, RuntimeError):
     """Enforcement failed for one claim (daemon down, command refused); message is user-facing."""
 
 
+def disk_problem(exc: OSError) -> str:
+    """An OSError of the node's MPS files in a user's terms, without errno numbers:
+    ``[Errno 20] Not a directory: '/run/x/mps'`` -> ``the node's MPS directory /run/x/mps
+    cannot be used (not a directory); the plugin's --mps-root (chart: runDir) must be a
+    directory the plugin can write``."""
+    reason = (exc.strerror or type(exc).__name__).lower()
+    where = f" {exc.filename}" if exc.filename else ""
+    return (
+        f"the node's MPS directory{where} cannot be used ({reason}); the plugin's --mps-root "
+        "(chart: runDir) must be a directory the plugin can write"
+    )
+
+
 @dataclass(frozen=True)
 class GpuHealth:
     """Health of enforcement on one GPU (from :meth:`FractionEnforcer.check_health`);

@@ -11,7 +11,7 @@ from dra_driver.cdi import ContainerEdits
 from dra_driver.claimplan import ClaimPlan
 from dra_driver.gpus import Gpu
 from dra_driver.mps import removal
-from dra_driver.mps.base import MpsError
+from dra_driver.mps.base import MpsError, disk_problem
 from dra_driver.mps.computemode import ComputeModes
 from dra_driver.mps.edits import claim_edits
 from dra_driver.mps.janitor import SoftLimitJanitor
@@ -101,7 +101,8 @@ class ClaimLifecycle:
                 # Its container still runs: keep retrying it (check_health).
                 self.ledger.pending[ref.uid] = plan
             self._teardown(targets + (previous.targets if previous else ()))
-            raise MpsError(f"claim {ref.namespace}/{ref.name}: {exc}") from exc
+            why = disk_problem(exc) if isinstance(exc, OSError) else str(exc)
+            raise MpsError(f"claim {ref.namespace}/{ref.name}: {why}") from exc
         self.ledger.claims[ref.uid] = applied
         self.ledger.pending.pop(ref.uid, None)
         if previous:

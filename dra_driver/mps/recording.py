@@ -24,7 +24,7 @@ from pathlib import Path
 from dra_driver.atomicfile import ensure_dir
 from dra_driver.cdi import ContainerEdits
 from dra_driver.claimplan import ClaimPlan
-from dra_driver.mps.base import MpsError
+from dra_driver.mps.base import MpsError, disk_problem
 from dra_driver.mps.edits import CONTAINER_PIPE_DIR, claim_edits, namespace_pipe_dir
 from dra_driver.mps.names import claim_uid_of, claim_uid_of_server
 from dra_driver.mps.targets import (
@@ -92,9 +92,17 @@ class RecordingEnforcer:
         return [Path(namespace_pipe_dir(t, self.options)) for t in targets if t.uses_mps]
 
     def _make_pipe_dirs(self, targets: Sequence[FractionTarget]) -> None:
+        """Create the targets' pipe directories (with ``make_dirs``).
+
+        Raises:
+            MpsError: a directory cannot be made (:func:`~dra_driver.mps.base.disk_problem`).
+        """
         if self.make_dirs:
-            for d in self._pipe_dirs(targets):
-                ensure_dir(d, 0o755)
+            try:
+                for d in self._pipe_dirs(targets):
+                    ensure_dir(d, 0o755)
+            except OSError as exc:
+                raise MpsError(disk_problem(exc)) from exc
 
     def _applied_targets(self, uid: str, plan: ClaimPlan) -> tuple[FractionTarget, ...]:
         memo = self._memo.get(uid)

@@ -530,3 +530,19 @@ def test_a_client_attached_before_the_limits_are_set_is_terminated_first(
     daemon = node.mps.daemon(node.pipe("time-slicing"))
     assert all(c.pid != early[0] for c in daemon.clients)
     assert any("before its limits were set" in e["event"] for e in logs)
+
+
+def test_an_unusable_mps_directory_is_said_in_a_users_terms(tmp_path: Path) -> None:
+    """Directory errors on the MPS root reached the kubelet as raw errno text
+    ("[Errno 20] Not a directory: ...")."""
+    node = Node(tmp_path)
+    marker = node.tmp / "run" / "mps" / "compute-mode"
+    marker.parent.mkdir(parents=True)
+    marker.write_text("a file where the markers' directory goes\n")
+    with pytest.raises(MpsError) as err:
+        node.enforcer.apply(plan(device(node.gpus[0], GIB), uid=UID_A))
+    message = str(err.value)
+    assert "Errno" not in message
+    assert f"the node's MPS directory {marker}/" in message and "(not a directory)" in message
+    assert "--mps-root" in message
+    assert node.mps.daemons == {}  # rolled back

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -17,6 +19,7 @@ from urllib3.exceptions import MaxRetryError
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.checkpoint import Checkpoint, CheckpointCorrupt, _checksum
 from dra_driver.claimplan import ClaimRef, plan_from_json, plan_to_json
+from dra_driver.mps import MpsOptions, RecordingEnforcer
 from tests.support import claimfactory as cf
 from tests.support.node import NODE, Node
 
@@ -215,7 +218,23 @@ def test_a_gpu_never_carries_both_compute_modes(node: Node, first: str, second: 
         cf.claim([node.share(0, "eighth", mode=second)]),
     )
     assert f"runs {first} claims" in error
-    assert f"asks for {second}, and one GPU never carries both modes" in error
+    assert f"asks for {second}, and one GPU never carries both modes until its {first}" in error
+
+
+def test_a_claim_asking_both_modes_on_one_gpu_is_told_so_not_named_as_its_own_holder(
+    node: Node,
+) -> None:
+    """A mode mix inside one claim named the claim itself as the GPU's holder ("runs
+    time-slicing claims (e.g. <its own uid>)") and ended "refusing to over-commit the GPU"."""
+    good = cf.claim([node.share(1, "eighth")])
+    both = cf.claim(
+        [node.share(0, "eighth", mode="time-slicing"), node.share(0, "eighth", mode="sm-sharing")]
+    )
+    error = prepare_both(node, good, both)
+    uid = both["metadata"]["uid"]
+    assert error.startswith("not prepared: this claim asks for both time-slicing and sm-sharing")
+    assert "on GPU 0" in error and "ask for one mode per GPU" in error
+    assert uid not in error and "over-commit" not in error
 
 
 def test_both_compute_modes_on_different_gpus_are_prepared(node: Node) -> None:
@@ -248,3 +267,55 @@ def test_capacity_shares_beyond_the_card_are_refused(mixed_node: Node) -> None:
     assert out[a["metadata"]["uid"]].error == ""
     assert "more than the card's" in out[b["metadata"]["uid"]].error
     driver.close()
+
+
+class _UnprepareFirst:
+    """A prepare lock whose holder first lets a NodeUnprepareResources call of the same plugin
+    run (it takes the real lock, then hands it on): the order two concurrent calls get when
+    the Unprepare wins the lock."""
+
+    def __init__(self, driver: Any, claim: dict[str, Any]) -> None:
+        self.driver, self.claim, self.real = driver, claim, driver.lock
+        self.path = self.real.path
+
+    @contextmanager
+    def held(self, timeout: float | None = None) -> Iterator[None]:
+        self.driver.lock = self.real
+        assert self.driver.unprepare([ref(self.claim)]) == {self.claim["metadata"]["uid"]: ""}
+        with self.real.held(timeout):
+            yield
+
+
+def test_a_prepare_that_loses_the_lock_to_an_unprepare_of_this_plugin_says_so(
+    node: Node,
+) -> None:
+    """A concurrent Prepare and Unprepare of one claim in one plugin reported "unprepared by
+    another plugin instance"."""
+    claim = cf.claim([node.share(0, "quarter")])
+    node.claims.add(claim)
+    driver = node.driver()
+    assert driver.prepare([ref(claim)])[claim["metadata"]["uid"]].error == ""
+    driver.lock = _UnprepareFirst(driver, claim)
+    error = driver.prepare([ref(claim)])[claim["metadata"]["uid"]].error
+    driver.close()
+    assert "unprepared by a NodeUnprepareResources call for it" in error
+    assert "another" not in error and "not prepared now" in error
+    assert on_disk(node) == set()
+
+
+def test_a_pipe_directory_that_cannot_be_made_fails_the_claim_in_a_users_terms(
+    node: Node,
+) -> None:
+    """The simulated enforcer's pipe directories under an unusable --mps-root: raw errno text."""
+    root = node.root / "mps-root-file"
+    root.write_text("a file where the MPS root goes\n")
+    enforcer = RecordingEnforcer(options=MpsOptions(root=str(root)), make_dirs=True)
+    claim = cf.claim([node.share(0, "quarter")])
+    node.claims.add(claim)
+    driver = node.driver(enforcer=enforcer)
+    error = driver.prepare([ref(claim)])[claim["metadata"]["uid"]].error
+    driver.close()
+    assert "Errno" not in error and "(not a directory)" in error, error
+    assert "the node's MPS directory" in error and "--mps-root" in error
+    assert not (node.state_dir / "checkpoint.json").exists()  # nothing recorded
+    assert list(node.cdi_root.glob("*.json")) == []
