@@ -79,6 +79,8 @@ ADMISSION = "/apis/admissionregistration.k8s.io/v1"
 KINDS = {
     "MutatingAdmissionPolicy": f"{ADMISSION}/mutatingadmissionpolicies",
     "MutatingAdmissionPolicyBinding": f"{ADMISSION}/mutatingadmissionpolicybindings",
+    "ValidatingAdmissionPolicy": f"{ADMISSION}/validatingadmissionpolicies",
+    "ValidatingAdmissionPolicyBinding": f"{ADMISSION}/validatingadmissionpolicybindings",
 }
 """Collection path of each admission kind a layout may install."""
 
