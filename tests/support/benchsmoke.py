@@ -15,7 +15,9 @@ BENCHMARKS = REPO / "benchmarks"
 LIBRARIES = frozenset({"benchlib.py"})
 """Modules in :data:`BENCHMARKS` that are imported by the scripts, not run."""
 
-NEEDS_CONTROL_PLANE = frozenset({"bench_packing.py", "bench_scheduler.py", "check_modes.py"})
+NEEDS_CONTROL_PLANE = frozenset(
+    {"bench_packing.py", "bench_scheduler.py", "check_modes.py", "check_quota_admission.py"}
+)
 """Scripts that need a Kubernetes control plane (kubelet-less Nodes created through the API,
 the real kube-scheduler): given one with ``--kubeconfig``."""
 
