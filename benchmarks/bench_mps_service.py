@@ -29,8 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dra_driver.mps.readiness import state_path  # noqa: E402
-from dra_driver.vocabulary import COMPUTE_MODES  # noqa: E402
+from dra_driver.enforce.readiness import state_path  # noqa: E402
+from dra_driver.model.vocabulary import COMPUTE_MODES  # noqa: E402
 
 MIB = 1024 * 1024
 READY_TIMEOUT_S = 60.0

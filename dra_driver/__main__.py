@@ -1,5 +1,5 @@
 """``python -m dra_driver`` runs the ``dra-driver`` command line."""
 
-from dra_driver.cli import main
+from dra_driver.app.cli import main
 
 raise SystemExit(main())

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import settings
 
-from dra_driver.configload import load_node_config, parse_node_config
+from dra_driver.config.load import load_node_config, parse_node_config
 from dra_driver.kubelet.server import PluginServer
 from tests.support.kubelet import Kubelet, serving
 from tests.support.node import MIXED_CONFIG, Node, make_node

@@ -1,10 +1,13 @@
-"""GPU inventory: one record type, two sources (NVML and simulated)."""
+"""Layer 3, gpus: the node's GPU inventory from two sources (NVML and simulated) and a simulated
+node's device nodes and hook.
+May import: model, infra."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from dra_driver.gpus.model import (
+from dra_driver.gpus.simulated import SimulatedGpuSource, SimulatedSpecError
+from dra_driver.model.gpu import (
     MIB,
     Gpu,
     GpuSource,
@@ -13,7 +16,6 @@ from dra_driver.gpus.model import (
     SkippedGpu,
     pre_volta_reason,
 )
-from dra_driver.gpus.simulated import SimulatedGpuSource, SimulatedSpecError
 
 
 def open_source(spec: str, seed: str = "sim", lost_file: Path | None = None) -> GpuSource:

@@ -6,7 +6,7 @@ from typing import Any
 
 import structlog
 
-from dra_driver.gpus.model import MIB, Gpu, GpuSourceError, Inventory, SkippedGpu
+from dra_driver.model.gpu import MIB, Gpu, GpuSourceError, Inventory, SkippedGpu
 
 log = structlog.get_logger(__name__)
 
@@ -73,7 +73,7 @@ def normalize_pci_bus_id(bus_id: str) -> str:
 
 
 class NvmlGpuSource:
-    """A :class:`~dra_driver.gpus.model.GpuSource` backed by NVML.
+    """A :class:`~dra_driver.model.gpu.GpuSource` backed by NVML.
 
     ``nvml`` is the ``pynvml`` module (injectable for tests). Each discovery calls
     ``nvmlInit``/``nvmlShutdown`` once.

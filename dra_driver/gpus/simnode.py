@@ -31,9 +31,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dra_driver.atomicfile import ensure_dir, write_atomic
-from dra_driver.cdi import CONTROL_DEVICE_NODES
-from dra_driver.gpus.model import Gpu
+from dra_driver.infra.atomicfile import ensure_dir, write_atomic
+from dra_driver.model.cdi import CONTROL_DEVICE_NODES
+from dra_driver.model.gpu import Gpu
 
 NVIDIA_MAJOR = 195
 """Character major of ``/dev/nvidia<N>`` and ``/dev/nvidiactl`` (NVIDIA's driver, fixed)."""

@@ -19,8 +19,8 @@ import uuid as uuidlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from dra_driver.errors import StartupError
-from dra_driver.gpus.model import MIB, Gpu, Inventory
+from dra_driver.model.errors import StartupError
+from dra_driver.model.gpu import MIB, Gpu, Inventory
 
 DEFAULT_DRIVER_VERSION = "615.71.09"
 """r615 driver (CUDA 13.4): the first with MPS v3 and per-container memory limits."""
@@ -154,7 +154,7 @@ def parse_spec(spec: str) -> tuple[list[tuple[GpuProfile, int]], str]:
 
 
 class SimulatedGpuSource:
-    """A :class:`~dra_driver.gpus.model.GpuSource` built from a ``simulated:`` spec.
+    """A :class:`~dra_driver.model.gpu.GpuSource` built from a ``simulated:`` spec.
 
     UUIDs are derived from ``seed`` (use the node name) and the index, so they are stable
     across restarts and distinct between nodes.

@@ -1,1 +1,3 @@
-"""The kubelet-facing gRPC services: registration, DRA v1/v1beta1, resource health."""
+"""Layer 7, kubelet: the kubelet-facing gRPC services (registration, DRA v1/v1beta1, resource
+health) over unix sockets.
+May import: model, infra, config, gpus, publish, enforce, prepare, and the generated _proto."""

@@ -19,10 +19,11 @@ import grpc
 import structlog
 
 from dra_driver._proto import dra_v1_pb2, dra_v1beta1_pb2
-from dra_driver.claimplan import ClaimRef
-from dra_driver.ids import PrepareError, validate_uid
-from dra_driver.preparation import ClaimPreparation
-from dra_driver.textlimits import shown, utf8_bounded
+from dra_driver.model.errors import PrepareError
+from dra_driver.model.ids import validate_uid
+from dra_driver.model.plans import ClaimRef
+from dra_driver.model.textlimits import shown, utf8_bounded
+from dra_driver.prepare.preparation import ClaimPreparation
 
 log = structlog.get_logger(__name__)
 
@@ -101,13 +102,13 @@ class DraServicer:
     """One ``DRAPlugin`` version over a :class:`ClaimPreparation`.
 
     Args:
-        driver: does the work.
+        preparation: does the work.
         pb: the version's message module (``dra_v1_pb2`` or ``dra_v1beta1_pb2``); devices
             get a ``share_id`` only where its ``Device`` message has the field (v1).
     """
 
-    def __init__(self, driver: ClaimPreparation, pb: ModuleType) -> None:
-        self.driver = driver
+    def __init__(self, preparation: ClaimPreparation, pb: ModuleType) -> None:
+        self.preparation = preparation
         self.pb = pb
         self.with_share_id = "share_id" in pb.Device.DESCRIPTOR.fields_by_name
 
@@ -115,7 +116,7 @@ class DraServicer:
         """Prepare every claim in the request; per-claim errors go in the reply."""
         refs, errors = claim_refs(request.claims)
         reply = self.pb.NodePrepareResourcesResponse()
-        for uid, outcome in self.driver.prepare(refs).items():
+        for uid, outcome in self.preparation.prepare(refs).items():
             if outcome.error:
                 errors[uid] = outcome.error
                 continue
@@ -136,7 +137,7 @@ class DraServicer:
         """Unprepare every claim in the request; per-claim errors go in the reply."""
         refs, errors = claim_refs(request.claims)
         reply = self.pb.NodeUnprepareResourcesResponse()
-        for uid, error in self.driver.unprepare(refs).items():
+        for uid, error in self.preparation.unprepare(refs).items():
             if error:
                 errors[uid] = error
             else:
@@ -156,11 +157,11 @@ class DraServicer:
             )
 
 
-def v1_servicer(driver: ClaimPreparation) -> DraServicer:
+def v1_servicer(preparation: ClaimPreparation) -> DraServicer:
     """``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin``."""
-    return DraServicer(driver, dra_v1_pb2)
+    return DraServicer(preparation, dra_v1_pb2)
 
 
-def v1beta1_servicer(driver: ClaimPreparation) -> DraServicer:
+def v1beta1_servicer(preparation: ClaimPreparation) -> DraServicer:
     """``k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin`` (deprecated in 1.34, still served)."""
-    return DraServicer(driver, dra_v1beta1_pb2)
+    return DraServicer(preparation, dra_v1beta1_pb2)

@@ -6,7 +6,7 @@ them): registration ``<registry-dir>/<driver>-reg.sock`` and DRA
 ``<driver>-<uid>-reg.sock`` and ``dra-<uid>.sock`` so old and new instances coexist.
 
 Threads: the DRA server's pool has :data:`DRA_WORKERS` threads for Prepare/Unprepare plus one
-per admitted health stream (:data:`~dra_driver.kubelet.health.MAX_HEALTH_STREAMS`), so open
+per admitted health stream (:data:`~dra_driver.kubelet.healthstream.MAX_HEALTH_STREAMS`), so open
 or cancelled health streams never make Prepare wait. Both servers refuse requests that do not
 decode (:mod:`dra_driver.kubelet.decoding`) and keep a bounded receive size.
 """
@@ -32,13 +32,13 @@ from dra_driver._proto import (
     health_v1alpha1_pb2_grpc,
     registration_pb2_grpc,
 )
-from dra_driver.atomicfile import ensure_dir
-from dra_driver.devices import DeviceStatus
+from dra_driver.infra.atomicfile import ensure_dir
 from dra_driver.kubelet.decoding import DecodeInHandler
 from dra_driver.kubelet.dra import v1_servicer, v1beta1_servicer
-from dra_driver.kubelet.health import MAX_HEALTH_STREAMS, HealthServicer, StreamSlots
+from dra_driver.kubelet.healthstream import MAX_HEALTH_STREAMS, HealthServicer, StreamSlots
 from dra_driver.kubelet.registration import RegistrationServicer, Reregistrar
-from dra_driver.preparation import ClaimPreparation
+from dra_driver.model.devices import DeviceStatus
+from dra_driver.prepare.preparation import ClaimPreparation
 
 log = structlog.get_logger(__name__)
 
@@ -95,32 +95,34 @@ class PluginServer:
 
     def __init__(
         self,
-        driver: ClaimPreparation,
+        preparation: ClaimPreparation,
         paths: SocketPaths,
         health: Callable[[], Mapping[str, DeviceStatus]],
         health_interval: float = 20.0,
     ) -> None:
-        self.driver = driver
+        self.preparation = preparation
         self.paths = paths
         self.health_streams = StreamSlots(MAX_HEALTH_STREAMS)
         self._dra = _server(DRA_WORKERS + MAX_HEALTH_STREAMS)
-        dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(v1_servicer(driver), self._dra)
-        dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(v1beta1_servicer(driver), self._dra)
+        dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(v1_servicer(preparation), self._dra)
+        dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
+            v1beta1_servicer(preparation), self._dra
+        )
         health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
             HealthServicer(
-                health_v1_pb2, driver.pool, health, self.health_streams, health_interval
+                health_v1_pb2, preparation.pool, health, self.health_streams, health_interval
             ),
             self._dra,
         )
         health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
             HealthServicer(
-                health_v1alpha1_pb2, driver.pool, health, self.health_streams, health_interval
+                health_v1alpha1_pb2, preparation.pool, health, self.health_streams, health_interval
             ),
             self._dra,
         )
         self._reregistrar = Reregistrar(self._start_registration)
         self.registration = RegistrationServicer(
-            driver.driver_name, str(paths.dra), on_rejected=self._reregistrar.request
+            preparation.driver_name, str(paths.dra), on_rejected=self._reregistrar.request
         )
         self._reg: grpc.Server | None = None
         self._reg_lock = threading.Lock()

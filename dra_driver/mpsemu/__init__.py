@@ -1,4 +1,6 @@
-"""An emulator of NVIDIA MPS for nodes without GPUs.
+"""Simulation layer, mpsemu: an emulator of NVIDIA MPS for nodes without GPUs (run as
+``nvidia-cuda-mps-control`` and ``nvidia-cuda-mps-server``), and the tenant probe.
+May import: model, infra.
 
 The control daemon's semantics are one state machine (:mod:`.state`, records in :mod:`.model`),
 shared by the in-process test fake (``tests/support/fakes/mps_control.py``, plain files) and

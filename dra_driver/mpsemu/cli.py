@@ -19,13 +19,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from dra_driver.model.commands import Completed
 from dra_driver.mpsemu.daemon import run_detached, run_foreground
 from dra_driver.mpsemu.grammar import help_answer, parse_invocation, precheck
 from dra_driver.mpsemu.model import CONTROL_SOCKET
 from dra_driver.mpsemu.paths import emulator_path
 from dra_driver.mpsemu.state import NO_DAEMON
 from dra_driver.mpsemu.wire import MAX_REPLY, Request, WireError, call, decode_reply
-from dra_driver.runner import Completed
 
 READY_FD_ENV = "_MPS_EMULATOR_READY_FD"
 """Set by ``-d`` for the daemon process it starts: the pipe on which that reports its start."""

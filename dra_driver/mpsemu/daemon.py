@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 
+from dra_driver.model.commands import Completed
 from dra_driver.mpsemu.grammar import Invocation
 from dra_driver.mpsemu.model import WorldError
 from dra_driver.mpsemu.proc import set_process_name
@@ -38,7 +39,6 @@ from dra_driver.mpsemu.wire import (
     encode_reply,
     read_line,
 )
-from dra_driver.runner import Completed
 
 VISIBLE_GPUS_ENV = "MPS_EMULATOR_VISIBLE_GPUS"
 """Comma-separated UUIDs of the GPUs the emulated servers can open; unset: every UUID; empty:

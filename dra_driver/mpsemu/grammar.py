@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from dra_driver.runner import Completed
+from dra_driver.model.commands import Completed
 
 PROGRAM = "nvidia-cuda-mps-control"
 """The control program's name."""

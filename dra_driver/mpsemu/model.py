@@ -1,4 +1,5 @@
-"""The records of the MPS emulator's state machine and the interface to the world it changes.
+"""The MPS emulator's records (pure): its state machine's objects and the interface to the
+world it changes.
 
 The state machine (:mod:`dra_driver.mpsemu.state`) keeps daemons, servers, namespaces and
 clients as these records; everything it does outside them (directories, sockets, server
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from dra_driver.errors import DriverError
+from dra_driver.model.errors import DriverError
 
 CONTROL_SOCKET = "control"
 """Name of the socket of a daemon, a server and a namespace in its directory."""

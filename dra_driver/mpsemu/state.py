@@ -4,7 +4,7 @@
 the real program answer them (``docs/enforcement.md``): daemons keyed by pipe directory,
 protocol 2 or 3, servers, namespaces and their limits, clients, the ``list``/``get`` output
 formats and the error texts. Its side effects go through a :class:`~.model.World`; answers are
-:class:`~dra_driver.runner.Completed` (rc, stdout, stderr), never exceptions.
+:class:`~dra_driver.infra.runner.Completed` (rc, stdout, stderr), never exceptions.
 
 Behaviours the driver depends on:
 
@@ -24,6 +24,7 @@ import tomllib
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from dra_driver.model.commands import Completed
 from dra_driver.mpsemu.grammar import Invocation, help_answer, precheck, split_command
 from dra_driver.mpsemu.limits import apply_limits, namespace_rows, threads_text, valid_name
 from dra_driver.mpsemu.model import (
@@ -37,7 +38,6 @@ from dra_driver.mpsemu.model import (
     WorldError,
     mem_text,
 )
-from dra_driver.runner import Completed
 
 NO_DAEMON = "Cannot find MPS control daemon process"
 """stderr of a command when no daemon runs at the pipe directory (rc 1)."""

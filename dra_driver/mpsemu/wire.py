@@ -11,8 +11,8 @@ import json
 import socket
 from dataclasses import dataclass
 
-from dra_driver.errors import DriverError
-from dra_driver.runner import Completed
+from dra_driver.model.commands import Completed
+from dra_driver.model.errors import DriverError
 
 MAX_REQUEST = 64 * 1024
 """Longest request line, bytes."""

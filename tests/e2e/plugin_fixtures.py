@@ -38,10 +38,10 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.config import NodeConfig, default_node_config
+from dra_driver.config.node import NodeConfig, default_node_config
 from dra_driver.gpus import SimulatedGpuSource
 from dra_driver.mpsemu.probe import parse_line
-from dra_driver.slices import build_slices
+from dra_driver.publish.slices import build_slices
 from hack import local_install
 from tests.support.cdischema import validator as cdi_validator
 

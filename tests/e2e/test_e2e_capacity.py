@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from dra_driver.configload import parse_bytes
+from dra_driver.config.load import parse_bytes
 
 pytest.register_assert_rewrite("plugin_fixtures")
 from plugin_fixtures import (  # noqa: E402

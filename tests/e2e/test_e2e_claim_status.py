@@ -23,8 +23,8 @@ from plugin_fixtures import (  # noqa: E402
     wait_for,
 )
 
-from dra_driver.claimstatus import CONDITION_TYPE, with_entries  # noqa: E402
-from dra_driver.claimstatuswriter import ApiClaimStatus, compact_json  # noqa: E402
+from dra_driver.observe.claimstatus import CONDITION_TYPE, with_entries  # noqa: E402
+from dra_driver.observe.claimstatuswriter import ApiClaimStatus, compact_json  # noqa: E402
 from tests.support.k8sschema import validate  # noqa: E402
 
 pytestmark = pytest.mark.e2e

@@ -50,11 +50,11 @@ from plugin_fixtures import (  # noqa: E402
     wait_for,
 )
 
-from dra_driver.mps.control import MpsControl  # noqa: E402
-from dra_driver.mps.names import namespace_name  # noqa: E402
-from dra_driver.mps.rows import ServerRow  # noqa: E402
+from dra_driver.enforce.control import MpsControl  # noqa: E402
+from dra_driver.enforce.names import namespace_name  # noqa: E402
+from dra_driver.enforce.rows import ServerRow  # noqa: E402
+from dra_driver.infra.runner import SubprocessRunner  # noqa: E402
 from dra_driver.mpsemu.paths import emulator_path  # noqa: E402
-from dra_driver.runner import SubprocessRunner  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 pytest_plugins = ["plugin_fixtures"]

@@ -16,9 +16,9 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from dra_driver.devices import product_memory_bytes
 from dra_driver.gpus import SimulatedGpuSource
-from dra_driver.publisher import normalize_spec
+from dra_driver.model.devices import product_memory_bytes
+from dra_driver.publish.publisher import normalize_spec
 
 pytest.register_assert_rewrite("plugin_fixtures")
 from plugin_fixtures import (  # noqa: E402

@@ -8,8 +8,8 @@ from fractions import Fraction
 
 import pytest
 
-from dra_driver.devices import product_memory_bytes
 from dra_driver.gpus import SimulatedGpuSource
+from dra_driver.model.devices import product_memory_bytes
 
 pytest.register_assert_rewrite("plugin_fixtures")
 from plugin_fixtures import (  # noqa: E402

@@ -22,8 +22,8 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from dra_driver.config import GpuConfig, NodeConfig
-from dra_driver.sizing import SCHEDULER_USER, sizing_policy
+from dra_driver.config.node import GpuConfig, NodeConfig
+from dra_driver.publish.sizing import SCHEDULER_USER, sizing_policy
 from hack import local_install
 
 pytest.register_assert_rewrite("plugin_fixtures")

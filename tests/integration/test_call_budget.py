@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 
 from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.claimplan import ClaimRef
-from dra_driver.locking import LockTimeout, PrepareLock
-from dra_driver.mps import MpsError
-from dra_driver.mps.enforcer import MpsEnforcer, MpsOptions
-from dra_driver.mps.usage import MpsUsageSource
-from dra_driver.plugin import check_mps
-from dra_driver.preparation import ClaimPreparation
+from dra_driver.app.nodestate import check_mps
+from dra_driver.enforce import MpsError
+from dra_driver.enforce.enforcer import MpsEnforcer, MpsOptions
+from dra_driver.infra.locking import LockTimeout, PrepareLock
+from dra_driver.model.plans import ClaimRef
+from dra_driver.observe.usage import MpsUsageSource
+from dra_driver.prepare.preparation import ClaimPreparation
 from tests.support import claimfactory as cf
 from tests.support.fakes.mps_control import FakeMpsControl, FakeNvml
 from tests.support.node import NODE, Node
@@ -310,7 +310,7 @@ def test_metrics_scrape_with_a_hung_daemon_is_bounded(
     node.claims.add(claim)
     driver = mps.driver()
     assert driver.prepare([ref(claim)])[uid(claim)].error == ""
-    monkeypatch.setattr("dra_driver.mps.usage.SCRAPE_BUDGET_S", 0.5)
+    monkeypatch.setattr("dra_driver.observe.usage.SCRAPE_BUDGET_S", 0.5)
     source = MpsUsageSource(mps.enforcer, mps.nvml)
     mps.mps.hang()
     started = time.monotonic()

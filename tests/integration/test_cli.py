@@ -23,10 +23,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver._proto import dra_v1_pb2
-from dra_driver.claimplan import ClaimRef
-from dra_driver.cliargs import build_parser as _parser
+from dra_driver.app.args import build_parser as _parser
 from dra_driver.gpus import MIB, SimulatedGpuSource
 from dra_driver.kubelet.server import SocketPaths
+from dra_driver.model.plans import ClaimRef
 from tests.support import claimfactory as cf
 from tests.support.apiserver_stub import ClaimServer
 from tests.support.kubelet import kubelet_connect
@@ -384,8 +384,8 @@ def test_api_client_keeps_a_connection_per_claim_reader(tmp_path: Path) -> None:
     """Claims are read by CLAIM_READERS threads in parallel; with urllib3's default pool of 10
     connections the rest were opened and discarded on every batch (100 claims: 1.3 s instead
     of 0.3 s in benchmarks/bench_prepare.py)."""
-    from dra_driver.claimreads import CLAIM_READERS
-    from dra_driver.kubeconfig import api_client
+    from dra_driver.infra.kubeconfig import api_client
+    from dra_driver.prepare.reads import CLAIM_READERS
 
     kubeconfig = _kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:1")
     api = api_client(str(kubeconfig))

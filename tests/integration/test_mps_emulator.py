@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.mps.control import MpsCommandError
-from dra_driver.mps.daemon import MpsDaemon
+from dra_driver.enforce.control import MpsCommandError
+from dra_driver.enforce.daemon import MpsDaemon
+from dra_driver.infra.runner import SubprocessRunner
 from dra_driver.mpsemu import emulator_path
-from dra_driver.runner import SubprocessRunner
 from tests.support.mpsemu import Probe, alive, private_root, wait_for
 
 pytestmark = pytest.mark.integration

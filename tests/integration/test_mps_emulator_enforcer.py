@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.mps.enforcer import MpsEnforcer, MpsOptions
+from dra_driver.enforce.enforcer import MpsEnforcer, MpsOptions
+from dra_driver.infra.runner import SubprocessRunner
 from dra_driver.mpsemu import emulator_path
-from dra_driver.runner import SubprocessRunner
 from tests.support.fakes.mps_control import FakeNvml
 from tests.support.fakes.plans import GIB, device, gpu, plan
 from tests.support.mpsemu import Probe, alive, private_root, wait_for

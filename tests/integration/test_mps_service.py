@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from dra_driver.enforce import MpsError
+from dra_driver.enforce.enforcer import MpsEnforcer, MpsOptions
+from dra_driver.enforce.readiness import read_state, state_path
+from dra_driver.enforce.simnvml import SimulatedNvml
 from dra_driver.gpus import SimulatedGpuSource
-from dra_driver.gpus.simnvml import SimulatedNvml
-from dra_driver.mps import MpsError
-from dra_driver.mps.enforcer import MpsEnforcer, MpsOptions
-from dra_driver.mps.readiness import read_state, state_path
+from dra_driver.infra.runner import SubprocessRunner
 from dra_driver.mpsemu import emulator_path
-from dra_driver.runner import SubprocessRunner
 from tests.support.fakes.plans import GIB, device, plan
 from tests.support.mpsemu import Probe, alive, private_root, wait_for
 

@@ -21,11 +21,11 @@ from kubernetes import config as k8s_config
 from kubernetes import dynamic
 
 from dra_driver import DEFAULT_DRIVER_NAME as DRIVER
-from dra_driver.config import default_node_config
-from dra_driver.deviceclasses import build_device_classes
+from dra_driver.config.node import default_node_config
 from dra_driver.gpus import SimulatedGpuSource
-from dra_driver.sizing import sizing_policy
-from dra_driver.slices import build_slices
+from dra_driver.publish.deviceclasses import build_device_classes
+from dra_driver.publish.sizing import sizing_policy
+from dra_driver.publish.slices import build_slices
 
 REPO = Path(__file__).resolve().parents[2]
 STATE = Path(os.environ.get("OCCUPANCY_CLUSTER_DIR", "/tmp/occ-cluster"))

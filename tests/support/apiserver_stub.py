@@ -18,7 +18,7 @@ from typing import Any, Self
 
 from kubernetes import client as k8s
 
-from dra_driver.claimreads import CLAIM_READERS
+from dra_driver.prepare.reads import CLAIM_READERS
 
 _CLAIM_PATH = re.compile(r"^/apis/resource\.k8s\.io/v1/namespaces/([^/]+)/resourceclaims/([^/?]+)")
 

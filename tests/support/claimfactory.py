@@ -6,7 +6,7 @@ import uuid
 from typing import Any
 
 from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.params import PARAMS_API_VERSION, PARAMS_KIND
+from dra_driver.config.params import PARAMS_API_VERSION, PARAMS_KIND
 
 DRIVER = DEFAULT_DRIVER_NAME
 

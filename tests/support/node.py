@@ -10,18 +10,18 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.budget import STARTUP_BUDGET_S
-from dra_driver.claimplan import ClaimPlan
-from dra_driver.claims import ApiClaimReader
-from dra_driver.config import DEFAULT_PRODUCTS, NodeConfig, default_node_config
-from dra_driver.devicehealth import device_health
-from dra_driver.devices import DeviceStatus, FractionDevice
+from dra_driver.config.node import DEFAULT_PRODUCTS, NodeConfig, default_node_config
+from dra_driver.enforce import FractionEnforcer, RecordingEnforcer
 from dra_driver.gpus import SimulatedGpuSource, simnode
-from dra_driver.locking import PrepareLock
-from dra_driver.mps import FractionEnforcer, RecordingEnforcer
-from dra_driver.offer import offered_devices
-from dra_driver.preparation import ClaimPreparation
-from dra_driver.vocabulary import COMPUTE_MODES, FractionModel
+from dra_driver.infra.budget import STARTUP_BUDGET_S
+from dra_driver.infra.locking import PrepareLock
+from dra_driver.model.devices import DeviceStatus, FractionDevice
+from dra_driver.model.plans import ClaimPlan
+from dra_driver.model.vocabulary import COMPUTE_MODES, FractionModel
+from dra_driver.prepare.claims import ApiClaimReader
+from dra_driver.prepare.preparation import ClaimPreparation
+from dra_driver.publish.devicehealth import device_health
+from dra_driver.publish.offer import offered_devices
 from tests.support import claimfactory as cf
 from tests.support.apiserver_stub import ClaimServer
 from tests.support.nodedirs import NodeDirs
@@ -133,7 +133,7 @@ def share_result(
 def shared_devices(devices: dict[str, FractionDevice]) -> list[FractionDevice]:
     """The products-model shared devices of ``devices`` (one per GPU and compute mode, the
     ones product claims are allocated shares of), ordered by GPU index, then compute mode in
-    :data:`~dra_driver.vocabulary.COMPUTE_MODES` order."""
+    :data:`~dra_driver.model.vocabulary.COMPUTE_MODES` order."""
     shared = [
         d
         for d in devices.values()

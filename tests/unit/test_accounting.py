@@ -9,11 +9,11 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dra_driver.accounting import FractionUsage, fraction_rows, register_accounting
-from dra_driver.claimplan import ClaimPlan
-from dra_driver.metrics import Metrics
-from dra_driver.mps.nvml import UNLIMITED, CgroupMemory, MpsProcess
-from dra_driver.mps.usage import MpsUsageSource
+from dra_driver.enforce.nvmlcontrol import UNLIMITED, CgroupMemory, MpsProcess
+from dra_driver.infra.metrics import Metrics
+from dra_driver.model.plans import ClaimPlan
+from dra_driver.observe.accounting import FractionUsage, fraction_rows, register_accounting
+from dra_driver.observe.usage import MpsUsageSource
 from tests.support.fakes.plans import GIB, Node, device, gpu, plan
 
 UID_A = "0a000000-0000-4000-8000-00000000000a"

@@ -10,9 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dra_driver import cdi, cdifiles
-from dra_driver.ids import PrepareError
+from dra_driver.model import cdi
+from dra_driver.model.errors import PrepareError
+from dra_driver.prepare.cdispecs import CdiSpecs
 from tests.support.cdischema import load, validator
+from tests.support.fakes import plans
 
 UID = "0b8f6f4e-1c2d-4e5f-8a9b-0c1d2e3f4a5b"
 
@@ -73,7 +75,7 @@ def test_names_refuse_bad_uids_and_share_ids() -> None:
     with pytest.raises(PrepareError):
         cdi.device_name("../../etc", "gpu-0")
     with pytest.raises(PrepareError):
-        cdifiles.spec_path("/tmp", "v", "A-B")
+        CdiSpecs(Path("/tmp"), "v").path("A-B")
     with pytest.raises(cdi.CdiError):
         cdi.device_name(UID, "gpu-0", "bad/share")
 
@@ -87,14 +89,22 @@ def test_every_uid_and_device_gives_a_valid_name(uid: str, device: str) -> None:
 
 
 def test_write_and_remove_are_atomic_and_idempotent(tmp_path: Path) -> None:
-    spec = sample_spec()
-    path = cdifiles.write_spec(tmp_path, "gpu-fraction.dra.dev", UID, spec)
+    specs = CdiSpecs(tmp_path, "gpu-fraction.dra.dev", Path("/host"))
+    plan = plans.plan(plans.device(plans.gpu(0), 4 * plans.GIB), uid=UID)
+    ids = specs.write(plan, {})
+    path = specs.path(UID)
     assert path.name == f"gpu-fraction.dra.dev-claim_{UID}.json"
-    assert json.loads(path.read_text()) == spec
+    written = json.loads(path.read_text())
+    assert written["kind"] == "gpu-fraction.dra.dev/claim"
+    assert set(ids.values()) == {
+        f"gpu-fraction.dra.dev/claim={d['name']}" for d in written["devices"]
+    }
+    assert specs.device_ids(UID) == frozenset(ids.values())
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
-    assert cdifiles.claim_uids_on_disk(tmp_path, "gpu-fraction.dra.dev") == {UID}
-    assert cdifiles.remove_spec(tmp_path, "gpu-fraction.dra.dev", UID)
-    assert not cdifiles.remove_spec(tmp_path, "gpu-fraction.dra.dev", UID)
+    assert specs.claim_uids() == {UID}
+    assert specs.remove(UID)
+    assert not specs.remove(UID)
+    assert specs.device_ids(UID) is None
 
 
 @pytest.mark.parametrize("share_id", ["a\n", "a b", "a/b"])

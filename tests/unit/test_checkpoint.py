@@ -9,16 +9,16 @@ from typing import Any
 
 import pytest
 
-from dra_driver import DEFAULT_DRIVER_NAME, checkpoint
-from dra_driver.checkpoint import (
+from dra_driver import DEFAULT_DRIVER_NAME
+from dra_driver.model.plans import ClaimRef, PreparedDevice
+from dra_driver.prepare import checkpoint
+from dra_driver.prepare.checkpoint import (
     VERSION,
     Checkpoint,
     CheckpointCorrupt,
     ClaimRecord,
-    PreparedDevice,
     _checksum,
 )
-from dra_driver.claimplan import ClaimRef
 from tests.support import claimfactory as cf
 from tests.support.fakes.plans import GIB, device, gpu, plan
 from tests.support.node import Node

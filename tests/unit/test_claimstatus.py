@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 
 from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.claimplan import ClaimPlan, ClaimRef
-from dra_driver.claimstatus import (
+from dra_driver.infra.metrics import Metrics
+from dra_driver.model.plans import ClaimPlan, ClaimRef
+from dra_driver.model.vocabulary import ComputeMode, Tier
+from dra_driver.observe.claimstatus import (
     CONDITION_TYPE,
     Enforcement,
     allocated_node,
@@ -22,9 +24,7 @@ from dra_driver.claimstatus import (
     device_entries,
     with_entries,
 )
-from dra_driver.claimstatuswriter import ApiClaimStatus, ClaimStatusWriter, compact_json
-from dra_driver.metrics import Metrics
-from dra_driver.vocabulary import ComputeMode, Tier
+from dra_driver.observe.claimstatuswriter import ApiClaimStatus, ClaimStatusWriter, compact_json
 from tests.support import claimfactory as cf
 from tests.support.apiserver_stub import ClaimStatusServer
 from tests.support.k8sschema import validate

@@ -12,7 +12,13 @@ import structlog.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dra_driver.config import (
+from dra_driver.config.load import (
+    ConfigError,
+    load_node_config,
+    parse_bytes,
+    parse_node_config_text,
+)
+from dra_driver.config.node import (
     API_VERSION,
     DEFAULT_PRODUCTS,
     WHOLE_CARD,
@@ -23,9 +29,8 @@ from dra_driver.config import (
     slots_for,
     warn_unmatched_selectors,
 )
-from dra_driver.configload import ConfigError, load_node_config, parse_bytes, parse_node_config_text
 from dra_driver.gpus import MIB, Gpu, SimulatedGpuSource
-from dra_driver.quantities import canonical_quantity, quantity_value
+from dra_driver.model.quantities import canonical_quantity, quantity_value
 from tests.support.paths import REPO
 
 ROOT = REPO

@@ -6,11 +6,11 @@ from collections import Counter
 
 import pytest
 
-from dra_driver.configload import ConfigError, parse_node_config, parse_node_config_text
-from dra_driver.deviceclasses import build_device_classes
+from dra_driver.config.load import ConfigError, parse_node_config, parse_node_config_text
 from dra_driver.gpus import SimulatedGpuSource
-from dra_driver.sizing import class_slots
-from dra_driver.slices import build_slices
+from dra_driver.publish.deviceclasses import build_device_classes
+from dra_driver.publish.sizing import class_slots
+from dra_driver.publish.slices import build_slices
 
 HEAD = "apiVersion: gpu-fraction.dra.dev/v1alpha1\nkind: NodeConfig\n"
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dra_driver.configload import load_node_config
-from dra_driver.devicehealth import device_health
+from dra_driver.config.load import load_node_config
 from dra_driver.gpus import SimulatedGpuSource
-from dra_driver.offer import offered_devices
+from dra_driver.publish.devicehealth import device_health
+from dra_driver.publish.offer import offered_devices
 
 
 def test_present_lost_and_failing_gpus() -> None:

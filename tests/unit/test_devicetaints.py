@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.devicetaints import (
+from dra_driver.gpus import Inventory, SimulatedGpuSource, SkippedGpu
+from dra_driver.publish.devicetaints import (
     GPU_LOST,
     MPS_CHECK_FAILED,
     NO_SCHEDULE,
@@ -22,7 +23,6 @@ from dra_driver.devicetaints import (
     rfc3339,
     taint_key,
 )
-from dra_driver.gpus import Inventory, SimulatedGpuSource, SkippedGpu
 from tests.support import k8sschema
 from tests.support.paths import REPO
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import dra_driver
-from dra_driver.errors import ClaimError, DriverError, StartupError
+from dra_driver.model.errors import ClaimError, DriverError, StartupError
 
 
 def _exception_classes() -> list[type[BaseException]]:

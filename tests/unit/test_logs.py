@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
-from dra_driver import logs
-from dra_driver.claimplan import ClaimRef
+from dra_driver.infra import logs
+from dra_driver.model.plans import ClaimRef
 from tests.support.node import Node
 
 

@@ -9,13 +9,11 @@ from typing import Any
 import pytest
 
 from dra_driver import DEFAULT_DRIVER_NAME as DRIVER
-from dra_driver.config import default_node_config
-from dra_driver.configload import parse_node_config
-from dra_driver.deviceclasses import build_device_classes
-from dra_driver.devicetaints import GPU_LOST, DeviceTaint, taint_key
+from dra_driver.config.load import parse_node_config
+from dra_driver.config.node import default_node_config
 from dra_driver.gpus import MIB, SimulatedGpuSource
-from dra_driver.occupancy import Cluster, render_json, render_table
-from dra_driver.occupancywait import (
+from dra_driver.observe.occupancy import Cluster, render_json, render_table
+from dra_driver.observe.occupancywait import (
     NO_DEVICE,
     NO_MEMORY,
     NO_NODE,
@@ -26,8 +24,10 @@ from dra_driver.occupancywait import (
     UNKNOWN_CLASS,
     build_report,
 )
-from dra_driver.offer import offered_devices
-from dra_driver.slices import build_slices
+from dra_driver.publish.deviceclasses import build_device_classes
+from dra_driver.publish.devicetaints import GPU_LOST, DeviceTaint, taint_key
+from dra_driver.publish.offer import offered_devices
+from dra_driver.publish.slices import build_slices
 from tests.support import claimfactory as cf
 from tests.support.node import MIXED_CONFIG, share_result
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dra_driver.params import (
+from dra_driver.config.params import (
     PARAMS_API_VERSION,
     PARAMS_KIND,
     ClaimParameters,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dra_driver.configload import parse_node_config
+from dra_driver.app.plugin import NodeState
+from dra_driver.config.load import parse_node_config
 from dra_driver.gpus import SimulatedGpuSource
-from dra_driver.gpus.model import Inventory
-from dra_driver.plugin import NodeState
-from dra_driver.slices import build_slices
+from dra_driver.model.gpu import Inventory
+from dra_driver.publish.slices import build_slices
 
 DRIVER = "gpu-fraction.dra.dev"
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.cli import main
-from dra_driver.config import default_node_config
-from dra_driver.errors import UsageError
+from dra_driver.app.cli import main
+from dra_driver.config.node import default_node_config
 from dra_driver.gpus import SimulatedGpuSource
-from dra_driver.slices import build_slices
+from dra_driver.model.errors import UsageError
+from dra_driver.publish.slices import build_slices
 
 HEAD = "apiVersion: gpu-fraction.dra.dev/v1alpha1\nkind: NodeConfig\n"
 

@@ -7,10 +7,10 @@ import uuid
 import pytest
 
 from dra_driver._proto import dra_v1_pb2
-from dra_driver.apijson import Field, json_kind
-from dra_driver.ids import PrepareError
 from dra_driver.kubelet.dra import MAX_ERROR_BYTES, bounded_errors
-from dra_driver.textlimits import MAX_VALUE_CHARS, shorten, shown, utf8_bounded
+from dra_driver.model.apijson import Field, json_kind
+from dra_driver.model.errors import PrepareError
+from dra_driver.model.textlimits import MAX_VALUE_CHARS, shorten, shown, utf8_bounded
 
 
 def test_shown_escapes_and_cuts_with_the_original_length() -> None:

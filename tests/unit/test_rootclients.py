@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import structlog
 
-from dra_driver.claimplan import ClaimPlan, DevicePlan
-from dra_driver.claimstatus import ROOT_CONDITION_TYPE, Enforcement, device_status
+from dra_driver.enforce.hooks import record_user_hook
 from dra_driver.gpus import SimulatedGpuSource
-from dra_driver.mps.hooks import record_user_hook
-from dra_driver.rootclients import STALE_AFTER_S, RootClientWatch, root_containers
-from dra_driver.vocabulary import Tier
+from dra_driver.model.plans import ClaimPlan, DevicePlan
+from dra_driver.model.vocabulary import Tier
+from dra_driver.observe.claimstatus import ROOT_CONDITION_TYPE, Enforcement, device_status
+from dra_driver.observe.rootclients import STALE_AFTER_S, RootClientWatch, root_containers
 from tests.support import claimfactory as cf
 from tests.support.apiserver_stub import ClaimStatusServer
 from tests.support.node import NODE

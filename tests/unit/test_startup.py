@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.plugin import PluginOptions, Startup
+from dra_driver.app.plugin import PluginOptions, RunningPlugin
 
 KUBECONFIG = """apiVersion: v1
 kind: Config
@@ -53,7 +53,7 @@ def test_busy_metrics_port_releases_the_sockets_and_servers() -> None:
         root = Path(tmp)
         opts = _options(root, busy.getsockname()[1])
         stop = threading.Event()
-        with pytest.raises(OSError), Startup(opts, stop):
+        with pytest.raises(OSError), RunningPlugin(opts, stop):
             pass
         assert stop.is_set()
         sockets = [p for p in root.rglob("*") if p.is_socket()]
@@ -65,7 +65,7 @@ def test_leaving_stops_every_thread_and_removes_the_sockets() -> None:
     with tempfile.TemporaryDirectory(prefix="dra-") as tmp:
         root = Path(tmp)
         stop = threading.Event()
-        with Startup(_options(root, 0), stop) as plugin:
+        with RunningPlugin(_options(root, 0), stop) as plugin:
             assert plugin.gpu_count == 1
             assert [p for p in root.rglob("*") if p.is_socket()]
         assert [p for p in root.rglob("*") if p.is_socket()] == []

@@ -8,9 +8,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from dra_driver.gpus import Inventory, SimulatedGpuSource, SimulatedSpecError
-from dra_driver.runner import Completed
-from dra_driver.tiers import (
+from dra_driver.enforce.tiers import (
     GpuFacts,
     NodeFacts,
     decide_tier,
@@ -18,6 +16,8 @@ from dra_driver.tiers import (
     gather_node_facts,
     probe_mps,
 )
+from dra_driver.gpus import Inventory, SimulatedGpuSource, SimulatedSpecError
+from dra_driver.model.commands import Completed
 from tests.support.fakes.mps_control import FakeMpsControl
 
 HARD = GpuFacts(

@@ -26,7 +26,7 @@ Test-only helpers:
 - :meth:`FakeMpsControl.add_client`: a client attaches (no process);
 - ``fail(prefix, ...)``: the next matching command fails with the given rc/stderr;
 - ``hang(prefix, ...)``: matching commands do not answer: each returns only when the timeout the
-  caller gave passes (then rc 124, as :class:`~dra_driver.runner.SubprocessRunner` reports a
+  caller gave passes (then rc 124, as :class:`~dra_driver.infra.runner.SubprocessRunner` reports a
   timeout) or when :meth:`FakeMpsControl.release` is called.
 """
 
@@ -37,7 +37,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dra_driver.mps.nvml import UNLIMITED, CgroupMemory, MpsProcess, NvmlError
+from dra_driver.enforce.nvmlcontrol import UNLIMITED, CgroupMemory, MpsProcess, NvmlError
+from dra_driver.model.commands import Completed
 from dra_driver.mpsemu.grammar import DEFAULT_PIPE, PROGRAM, parse_invocation
 from dra_driver.mpsemu.model import (
     CONTROL_SOCKET,
@@ -50,7 +51,6 @@ from dra_driver.mpsemu.model import (
     Server,
 )
 from dra_driver.mpsemu.state import MpsState
-from dra_driver.runner import Completed
 
 BINARY = PROGRAM
 
@@ -250,7 +250,7 @@ class FakeGpuState:
 
 
 class FakeNvml:
-    """A fake :class:`~dra_driver.mps.nvml.NvmlFacade` with per-cgroup limits.
+    """A fake :class:`~dra_driver.enforce.nvmlcontrol.NvmlFacade` with per-cgroup limits.
 
     Args:
         gpus: UUID -> total memory in bytes.

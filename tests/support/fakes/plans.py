@@ -5,9 +5,9 @@ from __future__ import annotations
 import uuid as uuidlib
 from pathlib import Path
 
-from dra_driver.claimplan import ClaimPlan, ClaimRef, DevicePlan
+from dra_driver.enforce.enforcer import MpsEnforcer, MpsOptions
 from dra_driver.gpus import MIB, Gpu
-from dra_driver.mps.enforcer import MpsEnforcer, MpsOptions
+from dra_driver.model.plans import ClaimPlan, ClaimRef, DevicePlan
 from tests.support.fakes.mps_control import FakeMpsControl, FakeNvml
 
 GIB = 1024 * MIB

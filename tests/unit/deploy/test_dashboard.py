@@ -1,7 +1,7 @@
 """The Grafana dashboard in ``deployments/grafana/`` queries only metrics the plugin exports.
 
 The exported names are derived at test time from the registry the plugin serves on
-``/metrics`` (``Metrics`` plus the accounting collector, wired as ``dra_driver.plugin.run``
+``/metrics`` (``Metrics`` plus the accounting collector, wired as ``dra_driver.app.plugin.run``
 does), not from a list kept here.
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from dra_driver.accounting import register_accounting
-from dra_driver.metrics import Metrics
+from dra_driver.infra.metrics import Metrics
+from dra_driver.observe.accounting import register_accounting
 from tests.support.paths import REPO
 
 ROOT = REPO

@@ -12,9 +12,9 @@ from types import ModuleType
 
 import yaml
 
-from dra_driver.configload import parse_node_config
+from dra_driver.config.load import parse_node_config
 from dra_driver.gpus import SimulatedGpuSource
-from dra_driver.slices import build_slices
+from dra_driver.publish.slices import build_slices
 
 DEMO = Path(__file__).resolve().parents[3] / "hack" / "demo"
 
@@ -128,7 +128,7 @@ def test_demo_workloads_use_the_images_make_image_builds() -> None:
 
 def test_the_demo_and_occupancy_round_a_card_alike() -> None:
     """The same card showed as 139.8 GiB in the demo and 139.7Gi in occupancy."""
-    from dra_driver.occupancy import gib
+    from dra_driver.observe.occupancy import gib
 
     card = 143_131 * 2**20  # a simulated H200's memory, bytes
     assert _demo().gib(card) == gib(card) == "139.7Gi"

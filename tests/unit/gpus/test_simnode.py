@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from dra_driver.enforce.recording import RecordingEnforcer
+from dra_driver.enforce.targets import MpsOptions
 from dra_driver.gpus import open_source, simnode
-from dra_driver.mps.recording import RecordingEnforcer
-from dra_driver.mps.targets import MpsOptions
 from tests.support.fakes.plans import GIB, Node, device, plan
 
 GPUS = open_source("simulated:H200x2", seed="n1").discover().gpus

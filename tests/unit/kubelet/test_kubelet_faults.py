@@ -23,7 +23,7 @@ from dra_driver._proto import (
     registration_pb2,
     registration_pb2_grpc,
 )
-from dra_driver.kubelet.health import MAX_HEALTH_STREAMS
+from dra_driver.kubelet.healthstream import MAX_HEALTH_STREAMS
 from dra_driver.kubelet.server import PluginServer
 from tests.support import claimfactory as cf
 from tests.support.kubelet import Kubelet, serving

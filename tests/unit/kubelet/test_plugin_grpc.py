@@ -20,9 +20,9 @@ from dra_driver._proto import (
     health_v1alpha1_pb2_grpc,
     registration_pb2,
 )
-from dra_driver.devices import product_memory_bytes
 from dra_driver.gpus import MIB
 from dra_driver.kubelet.server import PluginServer, SocketPaths
+from dra_driver.model.devices import product_memory_bytes
 from tests.support import claimfactory as cf
 from tests.support.cdischema import validator
 from tests.support.kubelet import Kubelet, kubelet_connect
@@ -212,7 +212,7 @@ def test_restart_between_prepare_and_unprepare(node: Node) -> None:
     claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
     uid = claim["metadata"]["uid"]
-    from dra_driver.claimplan import ClaimRef
+    from dra_driver.model.plans import ClaimRef
 
     r = ClaimRef("default", claim["metadata"]["name"], uid)
     first = node.driver()
@@ -231,7 +231,7 @@ def test_new_boot_discards_checkpoint_and_sweeps_cdi(node: Node) -> None:
     claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
     uid = claim["metadata"]["uid"]
-    from dra_driver.claimplan import ClaimRef
+    from dra_driver.model.plans import ClaimRef
 
     d = node.driver("boot-1")
     d.prepare([ClaimRef("default", claim["metadata"]["name"], uid)])
@@ -247,7 +247,7 @@ def test_corrupt_checkpoint_is_kept_aside_and_specs_kept(node: Node) -> None:
     claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
     uid = claim["metadata"]["uid"]
-    from dra_driver.claimplan import ClaimRef
+    from dra_driver.model.plans import ClaimRef
 
     d = node.driver()
     d.prepare([ClaimRef("default", claim["metadata"]["name"], uid)])
@@ -396,7 +396,7 @@ def test_time_slicing_claim_on_sm_sharing_gpu_is_refused(mixed_node: Node) -> No
         [cf.opaque(computeMode="time-slicing")],
     )
     node.claims.add(claim)
-    from dra_driver.claimplan import ClaimRef
+    from dra_driver.model.plans import ClaimRef
 
     m = claim["metadata"]
     out = driver.prepare([ClaimRef(m["namespace"], m["name"], m["uid"])])[m["uid"]]

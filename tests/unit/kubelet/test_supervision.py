@@ -11,12 +11,12 @@ from types import SimpleNamespace
 from structlog.testing import capture_logs
 
 from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.config import NodeConfig
-from dra_driver.devicetaints import GPU_LOST, MPS_CHECK_FAILED, taint_key
+from dra_driver.app.nodestate import NodeState, check_mps, supervise
+from dra_driver.config.node import NodeConfig
+from dra_driver.enforce import GpuHealth, MpsEnforcer, MpsOptions, RecordingEnforcer
 from dra_driver.gpus import SimulatedGpuSource
-from dra_driver.mps import GpuHealth, MpsEnforcer, MpsOptions, RecordingEnforcer
-from dra_driver.plugin import NodeState, check_mps, supervise
-from dra_driver.slices import build_slices, slice_devices
+from dra_driver.publish.devicetaints import GPU_LOST, MPS_CHECK_FAILED, taint_key
+from dra_driver.publish.slices import build_slices, slice_devices
 from tests.support.fakes.mps_control import FakeMpsControl, FakeNvml
 
 

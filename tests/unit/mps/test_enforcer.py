@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from dra_driver import cdi
-from dra_driver.cdi import Hook, Mount
-from dra_driver.mps import MpsError, MpsOptions
-from dra_driver.mps.enforcer import MpsEnforcer, target_edits, targets_for_claim
+from dra_driver.enforce import MpsError, MpsOptions
+from dra_driver.enforce.enforcer import MpsEnforcer, target_edits, targets_for_claim
+from dra_driver.model import cdi
+from dra_driver.model.cdi import Hook, Mount
 from tests.support.cdischema import validator
 from tests.support.fakes.plans import GIB, Node, device, plan
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from dra_driver.cdi import Hook, Mount
-from dra_driver.claimplan import ClaimPlan
-from dra_driver.mps import MpsError
-from dra_driver.mps.names import claim_uid_of_server, dedicated_server_name
-from dra_driver.mps.nvml import MpsProcess
-from dra_driver.mps.usage import MpsUsageSource
+from dra_driver.enforce import MpsError
+from dra_driver.enforce.names import claim_uid_of_server, dedicated_server_name
+from dra_driver.enforce.nvmlcontrol import MpsProcess
+from dra_driver.model.cdi import Hook, Mount
+from dra_driver.model.plans import ClaimPlan
+from dra_driver.observe.usage import MpsUsageSource
 from tests.support.fakes.plans import GIB, H200_MIB, Node, device, plan
 
 UID_A = "0a000000-0000-4000-8000-00000000000a"

@@ -12,22 +12,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dra_driver.gpus import MIB
-from dra_driver.mps import MpsError
-from dra_driver.mps.control import MpsControl
-from dra_driver.mps.daemon import MpsDaemon, config_toml
-from dra_driver.mps.hooks import record_cgroup_hook
-from dra_driver.mps.janitor import SoftLimitJanitor
-from dra_driver.mps.names import (
+from dra_driver.enforce import MpsError
+from dra_driver.enforce.control import MpsControl
+from dra_driver.enforce.daemon import MpsDaemon, config_toml
+from dra_driver.enforce.hooks import record_cgroup_hook
+from dra_driver.enforce.janitor import SoftLimitJanitor
+from dra_driver.enforce.names import (
     claim_uid_of,
     memory_arg,
     namespace_name,
     parse_memory,
     server_name,
 )
-from dra_driver.mps.nvml import UNLIMITED, CgroupMemory
-from dra_driver.mps.rows import parse_clients, parse_namespaces, parse_servers
-from dra_driver.runner import SubprocessRunner
+from dra_driver.enforce.nvmlcontrol import UNLIMITED, CgroupMemory
+from dra_driver.enforce.rows import parse_clients, parse_namespaces, parse_servers
+from dra_driver.gpus import MIB
+from dra_driver.infra.runner import SubprocessRunner
 from tests.support.fakes.mps_control import FakeMpsControl, FakeNvml
 
 GPU = "GPU-11111111-2222-3333-4444-555555555555"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.cdi import Mount
-from dra_driver.claimplan import ClaimPlan
-from dra_driver.mps import MpsError, RecordingEnforcer
+from dra_driver.enforce import MpsError, RecordingEnforcer
+from dra_driver.model.cdi import Mount
+from dra_driver.model.plans import ClaimPlan
 from tests.support.fakes.plans import GIB, H200_MIB, Node, device, plan
 
 UID_A = "0a000000-0000-4000-8000-00000000000a"

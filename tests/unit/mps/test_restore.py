@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.ids import PrepareError, validate_uid
-from dra_driver.mps import MpsError
+from dra_driver.enforce import MpsError
+from dra_driver.model.errors import PrepareError
+from dra_driver.model.ids import validate_uid
 from tests.support.fakes.plans import GIB, Node, device, plan
 
 A = "0a000000-0000-4000-8000-00000000000a"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from dra_driver.model.commands import Completed
 from dra_driver.mpsemu.grammar import parse_invocation, split_command
 from dra_driver.mpsemu.model import (
     Client,
@@ -18,7 +19,6 @@ from dra_driver.mpsemu.model import (
     mem_text,
 )
 from dra_driver.mpsemu.state import ALREADY_RUNNING, NO_DAEMON, MpsState
-from dra_driver.runner import Completed
 
 GPU = "GPU-a"
 PIPE = "/nowhere/pipe"

@@ -6,6 +6,7 @@ import socket
 
 import pytest
 
+from dra_driver.model.commands import Completed
 from dra_driver.mpsemu import probe
 from dra_driver.mpsemu.wire import (
     Request,
@@ -16,7 +17,6 @@ from dra_driver.mpsemu.wire import (
     encode_request,
     read_line,
 )
-from dra_driver.runner import Completed
 
 
 def test_requests_and_replies_round_trip() -> None:

@@ -17,10 +17,10 @@ import pytest
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver._proto import dra_v1_pb2
-from dra_driver.configload import parse_node_config
-from dra_driver.mps import RecordingEnforcer
-from dra_driver.mps.targets import MpsOptions
-from dra_driver.params import PARAMS_API_VERSION, PARAMS_KIND
+from dra_driver.config.load import parse_node_config
+from dra_driver.config.params import PARAMS_API_VERSION, PARAMS_KIND
+from dra_driver.enforce import RecordingEnforcer
+from dra_driver.enforce.targets import MpsOptions
 from tests.support import claimfactory as cf
 from tests.support.kubelet import Kubelet, serving
 from tests.support.node import MIXED_CONFIG, NODE, Node, make_node

@@ -17,15 +17,17 @@ from typing import Any
 import pytest
 
 from dra_driver import DEFAULT_DRIVER_NAME as DRIVER
-from dra_driver.claimcaps import CapPolicy, memory_ceiling_cap
-from dra_driver.claimplan import NO_NODE_CAPS, ClaimPlan, ClaimRef, PrepareError, plan_claim
-from dra_driver.configload import parse_node_config
-from dra_driver.devices import FractionDevice, product_memory_bytes
+from dra_driver.config.caps import CapPolicy, memory_ceiling_cap
+from dra_driver.config.load import parse_node_config
+from dra_driver.config.params import ClaimLimits
+from dra_driver.enforce.targets import targets_for_claim
 from dra_driver.gpus import MIB, SimulatedGpuSource
-from dra_driver.mps.targets import targets_for_claim
-from dra_driver.offer import devices_by_name
-from dra_driver.overcommit import overcommit_error
-from dra_driver.params import ClaimLimits
+from dra_driver.model.devices import FractionDevice, product_memory_bytes
+from dra_driver.model.errors import PrepareError
+from dra_driver.model.plans import ClaimPlan, ClaimRef
+from dra_driver.prepare.overcommit import overcommit_error
+from dra_driver.prepare.plan import NO_NODE_CAPS, plan_claim
+from dra_driver.publish.offer import devices_by_name
 from tests.support import claimfactory as cf
 
 NODE = "node-a"

@@ -7,10 +7,12 @@ import uuid
 import pytest
 
 from dra_driver import DEFAULT_DRIVER_NAME as DRIVER
-from dra_driver.claimplan import ClaimRef, PrepareError, plan_claim
-from dra_driver.configload import parse_node_config
+from dra_driver.config.load import parse_node_config
 from dra_driver.gpus import SimulatedGpuSource
-from dra_driver.offer import devices_by_name
+from dra_driver.model.errors import PrepareError
+from dra_driver.model.plans import ClaimRef
+from dra_driver.prepare.plan import plan_claim
+from dra_driver.publish.offer import devices_by_name
 from tests.support import claimfactory as cf
 
 CONFIG = {

@@ -18,11 +18,10 @@ from unittest import mock
 
 import pytest
 
-from dra_driver import cdifiles
-from dra_driver.claimplan import ClaimRef
-from dra_driver.mps import MpsOptions, RecordingEnforcer
-from dra_driver.mps.names import namespace_name
-from dra_driver.preparation import ClaimPreparation
+from dra_driver.enforce import MpsOptions, RecordingEnforcer
+from dra_driver.enforce.names import namespace_name
+from dra_driver.model.plans import ClaimRef
+from dra_driver.prepare.preparation import ClaimPreparation
 from tests.support import claimfactory as cf
 from tests.support.crashcheck import ABSENT, PREPARED, claim_state, pipe_dirs, spec_path
 from tests.support.fakes import plans
@@ -80,13 +79,13 @@ def claims(node: Node) -> list[dict[str, Any]]:
 
 
 WHEN = ("before", "after")
-PREPARE_STEPS = [("apply", 1), ("apply", 2), ("write_spec", 1), ("write_spec", 2), ("save", 1)]
+PREPARE_STEPS = [("apply", 1), ("apply", 2), ("write", 1), ("write", 2), ("save", 1)]
 """The effects of preparing two claims in one call, with their call count."""
 UNPREPARE_STEPS = [
     ("release", 1),
     ("release", 2),
-    ("remove_spec", 1),
-    ("remove_spec", 2),
+    ("remove", 1),
+    ("remove", 2),
     ("save", 1),
 ]
 """The effects of unpreparing two claims in one call, with their call count."""
@@ -117,8 +116,8 @@ def patched(node: Node, driver: ClaimPreparation, effect: str, when: str, nth: i
     owner: object = {
         "apply": node.enforcer,
         "release": node.enforcer,
-        "write_spec": cdifiles,
-        "remove_spec": cdifiles,
+        "write": driver.cdi,
+        "remove": driver.cdi,
         "save": driver.checkpoint,
     }[effect]
     return mock.patch.object(owner, effect, killing(effect, when, nth)(getattr(owner, effect)))
@@ -169,7 +168,7 @@ def test_unprepare_killed_after_the_spec_went_leaves_no_record(sim: Node) -> Non
     [claim, _] = claims(sim)
     driver = sim.driver()
     assert driver.prepare([ref(claim)])[uid(claim)].error == ""
-    with patched(sim, driver, "remove_spec", "after", 1), pytest.raises(Killed):
+    with patched(sim, driver, "remove", "after", 1), pytest.raises(Killed):
         driver.unprepare([ref(claim)])
     driver = restart(sim, driver)
     assert state(sim, claim) in (PREPARED, ABSENT)

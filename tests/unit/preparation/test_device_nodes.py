@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.claimplan import ClaimRef
-from dra_driver.preparation import PrepareOutcome
+from dra_driver.model.plans import ClaimRef
+from dra_driver.prepare.preparation import PrepareOutcome
 from tests.support import claimfactory as cf
 from tests.support.node import Node
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.atomicfile import ensure_dir, write_atomic
+from dra_driver.infra.atomicfile import ensure_dir, write_atomic
 
 
 @pytest.fixture

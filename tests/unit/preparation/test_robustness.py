@@ -17,9 +17,9 @@ import pytest
 from urllib3.exceptions import MaxRetryError
 
 from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.checkpoint import Checkpoint, CheckpointCorrupt, _checksum
-from dra_driver.claimplan import ClaimRef, plan_from_json, plan_to_json
-from dra_driver.mps import MpsOptions, RecordingEnforcer
+from dra_driver.enforce import MpsOptions, RecordingEnforcer
+from dra_driver.model.plans import ClaimRef, plan_to_json
+from dra_driver.prepare.checkpoint import Checkpoint, CheckpointCorrupt, _checksum
 from tests.support import claimfactory as cf
 from tests.support.node import NODE, Node
 
@@ -43,7 +43,7 @@ def test_failed_checkpoint_write_on_unprepare_keeps_the_claim_for_the_retry(node
     driver = node.driver()
     uid = claim["metadata"]["uid"]
     assert driver.prepare([ref(claim)])[uid].error == ""
-    with mock.patch("dra_driver.atomicfile.os.fsync", side_effect=OSError(28, "No space")):
+    with mock.patch("dra_driver.infra.atomicfile.os.fsync", side_effect=OSError(28, "No space")):
         assert "checkpoint write" in driver.unprepare([ref(claim)])[uid]
     assert uid in driver.checkpoint.claims and uid in on_disk(node)
     assert driver.unprepare([ref(claim)]) == {uid: ""}
@@ -121,15 +121,25 @@ def test_checksummed_record_without_a_plan_is_corrupt(tmp_path: Path) -> None:
 
 
 def test_plans_from_a_newer_version_still_load(node: Node) -> None:
+    """A checkpoint written by a newer version (fields this one does not know, in the GPU and
+    the device plan) is read by the checkpoint's own reader as the plan it holds."""
     claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
     driver = node.driver()
     driver.prepare([ref(claim)])
-    doc = plan_to_json(driver.prepared_plans()[0])
-    doc["devices"][0]["gpu"]["futureField"] = 1
-    doc["devices"][0]["futureField"] = 2
-    assert plan_from_json(doc) == driver.prepared_plans()[0]
+    [plan] = driver.prepared_plans()
     driver.close()
+    path = node.state_dir / "checkpoint.json"
+    doc = json.loads(path.read_text())
+    [record] = doc["claims"].values()
+    assert record["plan"] == json.loads(json.dumps(plan_to_json(plan)))
+    record["plan"]["devices"][0]["gpu"]["futureField"] = 1
+    record["plan"]["devices"][0]["futureField"] = 2
+    doc["checksum"] = _checksum(doc["claims"])
+    path.write_text(json.dumps(doc))
+    reread = Checkpoint(node.state_dir, doc["bootId"])
+    reread.load()
+    assert [r.plan for r in reread.claims.values()] == [plan]
 
 
 def test_corrupt_checkpoint_leaves_enforcement_alone(node: Node) -> None:
@@ -176,7 +186,9 @@ def test_cdi_write_failure_names_the_cdi_root(node: Node) -> None:
     claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
     driver = node.driver()
-    with mock.patch("dra_driver.cdifiles.write_atomic", side_effect=OSError(28, "No space left")):
+    with mock.patch(
+        "dra_driver.prepare.cdispecs.write_atomic", side_effect=OSError(28, "No space left")
+    ):
         error = driver.prepare([ref(claim)])[claim["metadata"]["uid"]].error
     assert f"writing the CDI spec under {node.cdi_root} failed" in error
     assert claim["metadata"]["uid"] not in node.enforcer.applied

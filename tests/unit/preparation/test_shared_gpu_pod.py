@@ -9,8 +9,8 @@ from typing import Any
 
 from structlog.testing import capture_logs
 
-from dra_driver.claimplan import ClaimRef
-from dra_driver.preparation import ClaimPreparation
+from dra_driver.model.plans import ClaimRef
+from dra_driver.prepare.preparation import ClaimPreparation
 from tests.support import claimfactory as cf
 from tests.support.node import Node
 

@@ -15,13 +15,13 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.config import GpuConfig, NodeConfig
-from dra_driver.devicetaints import GPU_LOST, MPS_CHECK_FAILED, DeviceTaint, taint_key
+from dra_driver.config.node import GpuConfig, NodeConfig
 from dra_driver.gpus import Inventory, SimulatedGpuSource
-from dra_driver.metrics import Metrics
-from dra_driver.publisher import PublishError, SlicePublisher, is_retryable
-from dra_driver.slicediff import normalize_spec
-from dra_driver.slices import build_slices
+from dra_driver.infra.metrics import Metrics
+from dra_driver.publish.devicetaints import GPU_LOST, MPS_CHECK_FAILED, DeviceTaint, taint_key
+from dra_driver.publish.publisher import PublishError, SlicePublisher, is_retryable
+from dra_driver.publish.slicediff import normalize_spec
+from dra_driver.publish.slices import build_slices
 from tests.support.apiserver_stub import ApiStub, StubError
 
 DRIVER = DEFAULT_DRIVER_NAME

@@ -10,10 +10,10 @@ import kubernetes_validate
 import pytest
 
 from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.config import GpuConfig, NodeConfig
-from dra_driver.devicetaints import GPU_LOST, MPS_CHECK_FAILED, DeviceTaint, taint_key
+from dra_driver.config.node import GpuConfig, NodeConfig
 from dra_driver.gpus import Inventory, SimulatedGpuSource
-from dra_driver.slices import MAX_DEVICES_PER_SLICE_ADVANCED, build_slices, slice_devices
+from dra_driver.publish.devicetaints import GPU_LOST, MPS_CHECK_FAILED, DeviceTaint, taint_key
+from dra_driver.publish.slices import MAX_DEVICES_PER_SLICE_ADVANCED, build_slices, slice_devices
 from tests.support import k8sschema
 
 DRIVER = DEFAULT_DRIVER_NAME

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.config import GpuConfig, NodeConfig
-from dra_driver.devicetaints import GPU_LOST, DeviceTaint, taint_key
+from dra_driver.config.node import GpuConfig, NodeConfig
 from dra_driver.gpus import SimulatedGpuSource
-from dra_driver.slicediff import (
+from dra_driver.publish.devicetaints import GPU_LOST, DeviceTaint, taint_key
+from dra_driver.publish.slicediff import (
     SliceWrite,
     check_desired,
     diff_slices,
@@ -22,7 +22,7 @@ from dra_driver.slicediff import (
     owned_slices,
     stored_form,
 )
-from dra_driver.slices import build_slices
+from dra_driver.publish.slices import build_slices
 
 DRIVER = DEFAULT_DRIVER_NAME
 NODE = "node-a"

@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.config import (
+from dra_driver.app.readcmds import render_slices_json
+from dra_driver.config.load import parse_node_config
+from dra_driver.config.node import (
     CapacityPolicy,
     GpuConfig,
     GpuOverride,
@@ -25,16 +27,14 @@ from dra_driver.config import (
     Product,
     slots_for,
 )
-from dra_driver.configload import parse_node_config
-from dra_driver.devices import FractionDevice
 from dra_driver.gpus import MIB, Gpu, Inventory, SimulatedGpuSource, SkippedGpu
 from dra_driver.gpus.simulated import PROFILES
-from dra_driver.offer import capacity_request_policy, devices_by_name, offered_devices
-from dra_driver.quantities import quantity_value
-from dra_driver.slices import (
+from dra_driver.model.devices import FractionDevice
+from dra_driver.model.quantities import quantity_value
+from dra_driver.publish.offer import capacity_request_policy, devices_by_name, offered_devices
+from dra_driver.publish.slices import (
     PCI_BUS_ID_ATTRIBUTE,
     build_slices,
-    render_slices_json,
     semver,
     slice_devices,
     slice_name,

@@ -2,7 +2,7 @@
 CEL fragments of the claim-parameters policy. Each rule is one predicate over `c`, a config
 entry of this driver whose opaque parameters are an object (variables.configs); the policy
 uses it both to validate (all entries pass) and to word the message (the first that fails).
-The rules mirror dra_driver/params.py.
+The rules mirror dra_driver/config/params.py.
 */}}
 
 {{- define "gfd.cel.where" -}}
@@ -61,7 +61,7 @@ has(c.opaque.parameters.memoryLimit) && ((type(c.opaque.parameters.memoryLimit) 
 {{- end -}}
 
 {{/* The caps (maxMemoryLimit, maxMemoryLimitPortion, maxActiveThreadPercentage) as written in
-     a config entry: the shapes dra_driver/params.py accepts. */}}
+     a config entry: the shapes dra_driver/config/params.py accepts. */}}
 {{- define "gfd.cel.capShapes" -}}
 (!has(c.opaque.parameters.maxMemoryLimit) || (type(c.opaque.parameters.maxMemoryLimit) == int && c.opaque.parameters.maxMemoryLimit > 0) || (type(c.opaque.parameters.maxMemoryLimit) == string && isQuantity(c.opaque.parameters.maxMemoryLimit) && quantity(c.opaque.parameters.maxMemoryLimit).isGreaterThan(quantity("0")) && quantity(c.opaque.parameters.maxMemoryLimit).isInteger())) && (!has(c.opaque.parameters.maxMemoryLimitPortion) || (type(c.opaque.parameters.maxMemoryLimitPortion) == string && c.opaque.parameters.maxMemoryLimitPortion.matches(r'^(0*1(\.0*)?|0*\.[0-9]*[1-9][0-9]*)$')) || (type(c.opaque.parameters.maxMemoryLimitPortion) == double && c.opaque.parameters.maxMemoryLimitPortion > 0.0 && c.opaque.parameters.maxMemoryLimitPortion <= 1.0) || (type(c.opaque.parameters.maxMemoryLimitPortion) == int && c.opaque.parameters.maxMemoryLimitPortion == 1)) && (!has(c.opaque.parameters.maxActiveThreadPercentage) || (type(c.opaque.parameters.maxActiveThreadPercentage) == int && c.opaque.parameters.maxActiveThreadPercentage >= 1 && c.opaque.parameters.maxActiveThreadPercentage <= 100))
 {{- end -}}

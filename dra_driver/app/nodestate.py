@@ -1,0 +1,113 @@
+"""The running plugin's view of its node: the current inventory and devices, their health and
+taints, and the MPS health check that feeds them."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+
+import structlog
+
+from dra_driver.config.node import NodeConfig
+from dra_driver.enforce import FractionEnforcer
+from dra_driver.gpus import GpuSource
+from dra_driver.infra import budget
+from dra_driver.infra.budget import HEALTH_CHECK_BUDGET_S, Budget
+from dra_driver.model.devices import DeviceStatus, FractionDevice
+from dra_driver.model.gpu import Inventory
+from dra_driver.publish.devicehealth import device_health
+from dra_driver.publish.devicetaints import DeviceTaint, TaintMemory
+from dra_driver.publish.offer import offered_devices
+
+log = structlog.get_logger(__name__)
+
+
+class NodeState:
+    """The node's current inventory and fraction devices, refreshed by :meth:`refresh`."""
+
+    def __init__(self, source: GpuSource, config: NodeConfig) -> None:
+        self.source = source
+        self.config = config
+        self._lock = threading.Lock()
+        self.inventory = Inventory(gpus=())
+        self._devices: dict[str, FractionDevice] = {}
+        self._seen: dict[str, FractionDevice] = {}
+        self.unhealthy_gpus: dict[str, str] = {}
+        """GPU UUID -> reason, from the enforcer's last health check."""
+        self.wake = threading.Event()
+        """Set when the set of unhealthy GPUs changes: the publisher republishes at once."""
+        self._taints = TaintMemory()
+
+    def refresh(self) -> None:
+        """Re-discover GPUs and recompute the fraction devices."""
+        inventory = self.source.discover()
+        devices = {d.name: d for d in offered_devices(inventory, self.config)}
+        with self._lock:
+            self.inventory, self._devices = inventory, devices
+            self._seen.update(devices)
+
+    def present_uuids(self) -> list[str]:
+        """UUIDs of the GPUs the last discovery found."""
+        with self._lock:
+            return [g.uuid for g in self.inventory.gpus]
+
+    def devices(self) -> Mapping[str, FractionDevice]:
+        """The current fraction devices by name."""
+        with self._lock:
+            return self._devices
+
+    def health(self) -> Mapping[str, DeviceStatus]:
+        """Health of every device published since start (see
+        :mod:`dra_driver.publish.devicehealth`)."""
+        with self._lock:
+            return device_health(self._devices, self._seen, self.unhealthy_gpus)
+
+    def published(self, driver: str) -> tuple[Inventory, Mapping[str, DeviceTaint]]:
+        """The inventory to publish (lost GPUs kept) and its unhealthy GPUs' taints; logs each
+        GPU whose taint appears or goes (``GPU tainted`` / ``GPU taint removed``)."""
+        with self._lock:
+            seen = (d.gpu for d in self._seen.values())
+            before = dict(self._taints.taints)
+            inventory, taints = self._taints.update(
+                driver, self.inventory, seen, self.unhealthy_gpus
+            )
+        for uuid in taints.keys() - before.keys():
+            detail = self.unhealthy_gpus.get(uuid, "not found by the last discovery")
+            log.warning("GPU tainted", gpu=uuid, taint=taints[uuid].value, reason=detail)
+        for uuid in before.keys() - taints.keys():
+            log.info("GPU taint removed", gpu=uuid, taint=before[uuid].value)
+        return inventory, taints
+
+
+def supervise(
+    enforcer: FractionEnforcer, state: NodeState, stop: threading.Event, interval: float = 10.0
+) -> None:
+    """Check (and repair) MPS every ``interval`` seconds until ``stop`` is set; GPUs failing
+    the check are reported unhealthy. Returns early when the enforcer has nothing to supervise
+    (simulated GPUs)."""
+    while not stop.wait(interval):
+        if not check_mps(enforcer, state):
+            return
+
+
+def check_mps(
+    enforcer: FractionEnforcer, state: NodeState, seconds: float = HEALTH_CHECK_BUDGET_S
+) -> bool:
+    """One MPS health check (repairs and retries of pending claims included) within
+    ``seconds``: it holds the enforcer, which Prepare needs. Updates ``state.unhealthy_gpus``
+    (and sets ``state.wake`` when the set changed, so the GPUs' taints are published at once);
+    a check that fails as a whole is logged and leaves them as they were. Returns False when
+    the enforcer has nothing to supervise (``check_health`` gave None), else True."""
+    try:
+        with budget.within(Budget.of(seconds)):
+            results = enforcer.check_health()
+    except Exception as exc:  # keep supervising whatever happens
+        log.error("MPS health check failed", error=str(exc))
+        return True
+    if results is None:
+        return False
+    unhealthy = {u: r.detail or "MPS unhealthy" for u, r in results.items() if not r.healthy}
+    if unhealthy.keys() != state.unhealthy_gpus.keys():
+        state.wake.set()  # taints change: republish now
+    state.unhealthy_gpus = unhealthy
+    return True

@@ -1,0 +1,292 @@
+"""``dra-driver kubelet-plugin``: wires inventory, slices, Prepare/Unprepare and gRPC together."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import FrameType
+
+import structlog
+from kubernetes import client as k8s
+from prometheus_client import start_http_server
+
+from dra_driver.app.nodestate import NodeState, supervise
+from dra_driver.app.sockets import check_socket_paths
+from dra_driver.config.caps import CapPolicy
+from dra_driver.config.load import load_node_config
+from dra_driver.config.node import warn_unmatched_selectors
+from dra_driver.enforce import FractionEnforcer, RecordingEnforcer
+from dra_driver.enforce.enforcer import MpsEnforcer, MpsOptions
+from dra_driver.enforce.nvmlcontrol import NvmlFacade, PynvmlFacade
+from dra_driver.enforce.simnvml import SimulatedNvml
+from dra_driver.enforce.tiers import EnforcementReport, detect_enforcement
+from dra_driver.gpus import open_source, simnode
+from dra_driver.infra.atomicfile import ensure_dir
+from dra_driver.infra.budget import DEFAULT_CALL_BUDGET_S
+from dra_driver.infra.kubeconfig import api_client
+from dra_driver.infra.locking import PrepareLock
+from dra_driver.infra.metrics import Metrics
+from dra_driver.infra.runner import SubprocessRunner
+from dra_driver.kubelet.server import PluginServer, SocketPaths
+from dra_driver.model.plans import ClaimPlan
+from dra_driver.observe.accounting import UsageSource, register_accounting
+from dra_driver.observe.claimstatuswriter import ClaimStatusWriter
+from dra_driver.observe.rootclients import RootClientWatch
+from dra_driver.observe.usage import MpsUsageSource
+from dra_driver.prepare.checkpoint import read_boot_id
+from dra_driver.prepare.claims import ApiClaimReader
+from dra_driver.prepare.preparation import ClaimPreparation
+from dra_driver.prepare.reads import CLAIM_READERS
+from dra_driver.publish.nodeowner import node_owner_uid
+from dra_driver.publish.publisher import SlicePublisher
+from dra_driver.publish.slices import build_slices
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class PluginOptions:
+    """Everything ``kubelet-plugin`` takes from its flags (see ``dra-driver kubelet-plugin -h``)."""
+
+    driver_name: str
+    node_name: str
+    gpus: str
+    kubeconfig: str | None
+    plugin_dir: str
+    registry_dir: str
+    cdi_root: str
+    state_dir: str
+    node_config: str | None
+    rolling_update_uid: str = ""
+    metrics_port: int = 0
+    metrics_bind_address: str = "127.0.0.1"
+    publish_interval: float = 30.0
+    health_interval: float = 20.0
+    call_budget: float = DEFAULT_CALL_BUDGET_S
+    claim_device_status: bool = True
+    mps: MpsOptions = field(default_factory=MpsOptions)
+    host_root: str = "/"
+    simulation_root: str = ""
+    simulated_cdi_hook: str = ""
+    simulated_enforcer: str = "mps"
+
+    @property
+    def simulated(self) -> bool:
+        """Whether the GPUs are simulated (then NVML is simulated and MPS is the emulator's)."""
+        return self.gpus.startswith("simulated:")
+
+    @property
+    def sim_root(self) -> Path:
+        """Simulated nodes' hardware root (``--simulation-root``, default under the state dir)."""
+        return Path(self.simulation_root or Path(self.state_dir) / "simulated")
+
+
+def watch_root_clients(
+    watch: RootClientWatch,
+    preparation: ClaimPreparation,
+    stop: threading.Event,
+    interval: float = 5.0,
+) -> None:
+    """Check the prepared claims for containers that run as root every ``interval`` seconds
+    until ``stop`` is set (:mod:`dra_driver.observe.rootclients`)."""
+    while not stop.wait(interval):
+        try:
+            watch.check(preparation.prepared_plans())
+        except Exception:  # keep watching whatever happens
+            log.exception("root client check failed")
+
+
+def make_enforcer(
+    opts: PluginOptions, report: EnforcementReport, state: NodeState
+) -> tuple[FractionEnforcer, UsageSource | None]:
+    """The enforcer for this node and its usage source for accounting.
+
+    The MPS enforcer: with NVML on real GPUs; on simulated ones with simulated NVML
+    (:mod:`dra_driver.enforce.simnvml`) and the MPS emulator as the control program. Simulated
+    GPUs with ``--simulated-enforcer recording`` get the :class:`RecordingEnforcer` instead (no
+    MPS at all; it creates the pipe directories its specs mount).
+    """
+    if opts.simulated and opts.simulated_enforcer == "recording":
+        return RecordingEnforcer(tiers=report.tiers, options=opts.mps, make_dirs=True), None
+    nvml: NvmlFacade
+    if opts.simulated:
+        nvml = SimulatedNvml(opts.sim_root / "nvml", state.present_uuids)
+    else:
+        nvml = PynvmlFacade()
+    options = replace(opts.mps, dmem_backend=report.node.dmem_backend)
+    enforcer = MpsEnforcer(report.tiers, nvml, SubprocessRunner(), options)
+    return enforcer, MpsUsageSource(enforcer, nvml)
+
+
+def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
+    """Run the plugin until SIGTERM/SIGINT (or ``stop``); returns the exit code.
+
+    Raises:
+        DriverError, ConfigException, OSError: start-up failed; whatever had started (servers,
+            sockets, threads, the metrics endpoint) was released first (:class:`RunningPlugin`).
+    """
+    stop = stop or threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("signal received; stopping", signal=signum)
+        stop.set()
+
+    # First: a SIGTERM that arrives while the sockets are being created (a kubelet or a
+    # rolling update stopping a pod that just started) must stop the plugin cleanly.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+    with RunningPlugin(opts, stop) as plugin:
+        log.info("kubelet plugin running", node=opts.node_name, gpus=plugin.gpu_count)
+        stop.wait()
+    return 0
+
+
+class RunningPlugin:
+    """The running plugin: owns its servers, sockets, threads and the metrics endpoint.
+
+    Entering starts everything in order; each part registers how it is released, so a
+    failure at any step (a busy metrics port, an unwritable directory) releases what had
+    started (sockets removed, gRPC servers stopped, threads told to stop) before the error
+    propagates. Leaving stops everything in reverse order.
+
+    Args:
+        opts: the plugin's options.
+        stop: set to stop the threads (also set when the object is left).
+    """
+
+    def __init__(self, opts: PluginOptions, stop: threading.Event) -> None:
+        self.opts = opts
+        self.stop = stop
+        self.gpu_count = 0
+        self._stack = ExitStack()
+
+    def __enter__(self) -> RunningPlugin:
+        try:
+            self._start()
+        except BaseException:
+            self.stop.set()
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self._stack.close()
+
+    def _start(self) -> None:
+        opts = self.opts
+        ensure_dir(Path(opts.state_dir), 0o700)  # owner-only before anything is put in it
+        config = load_node_config(opts.node_config)
+        lost_file = opts.sim_root / simnode.LOST_GPUS if opts.simulated else None
+        source = open_source(opts.gpus, seed=opts.node_name, lost_file=lost_file)
+        state = NodeState(source, config)
+        state.refresh()
+        self.gpu_count = len(state.inventory.gpus)
+        paths = SocketPaths.for_driver(
+            opts.driver_name, opts.plugin_dir, opts.registry_dir, opts.rolling_update_uid
+        )
+        check_socket_paths(paths, opts.mps, (g.index for g in state.inventory.gpus))
+        warn_unmatched_selectors(config, state.inventory.gpus, source=opts.node_config)
+        device_root = "/"
+        # A privileged container's /dev is a copy made at its start; --host-root shows the
+        # host's live /dev, where the runtime will look for the nodes a CDI spec names.
+        device_root_view = opts.host_root
+        if opts.simulated:
+            # A real runtime reads our CDI specs: give it device nodes and a hook that exist.
+            hook = opts.simulated_cdi_hook or None
+            sim = simnode.install(opts.sim_root, state.inventory.gpus, hook)
+            opts = replace(opts, mps=replace(opts.mps, ctk_hook_path=str(sim.hook_path)))
+            device_root = device_root_view = str(sim.device_root)
+            log.info("simulated node hardware ready", root=str(sim.root), hook=str(sim.hook_path))
+        report = detect_enforcement(
+            state.inventory,
+            simulated=opts.simulated,
+            root=opts.host_root,
+            control_binary=opts.mps.control_binary,
+            hook_path=opts.mps.ctk_hook_path,
+        )
+        enforcer, usage = make_enforcer(opts, report, state)
+        api = api_client(opts.kubeconfig, CLAIM_READERS)
+        metrics = Metrics()
+        on_prepared = None
+        on_root: Callable[[ClaimPlan, list[str]], None] | None = None
+        if opts.claim_device_status:
+            writer = ClaimStatusWriter.of(
+                api,
+                opts.driver_name,
+                opts.node_name,
+                report,
+                metrics,
+                opts.mps.default_active_thread_percentage,
+            )
+            self._thread("claim-status", writer.run, self.stop)
+            on_prepared, on_root = writer.submit, writer.flag_root
+        preparation = ClaimPreparation(
+            driver_name=opts.driver_name,
+            pool=opts.node_name,
+            reader=ApiClaimReader(api),
+            devices=state.devices,
+            enforcer=enforcer,
+            cdi_root=opts.cdi_root,
+            state_dir=opts.state_dir,
+            lock=PrepareLock(Path(opts.plugin_dir) / opts.driver_name / "prepare.lock"),
+            boot_id=read_boot_id(),
+            metrics=metrics,
+            device_root=device_root,
+            call_budget=opts.call_budget,
+            device_root_view=device_root_view,
+            on_prepared=on_prepared,
+            caps=CapPolicy(config.claim_limits, opts.mps.default_active_thread_percentage),
+        )
+        self._stack.callback(preparation.close)
+        preparation.start()
+        server = PluginServer(preparation, paths, state.health, opts.health_interval)
+        self._stack.callback(server.stop)
+        server.start()
+        register_accounting(metrics.registry, preparation.prepared_plans, usage)
+        self._thread("mps-supervisor", supervise, enforcer, state, self.stop)
+        watch = RootClientWatch(Path(opts.mps.user_record_root), on_root)
+        self._thread("root-clients", watch_root_clients, watch, preparation, self.stop)
+        if opts.metrics_port:
+            http, _ = start_http_server(
+                opts.metrics_port, addr=opts.metrics_bind_address, registry=metrics.registry
+            )
+            self._stack.callback(http.server_close)
+            self._stack.callback(http.shutdown)
+        publisher = SlicePublisher(
+            k8s.ResourceV1Api(api), opts.driver_name, opts.node_name, metrics=metrics
+        )
+
+        def desired() -> list[dict[str, object]]:
+            state.refresh()
+            # Read every round: a re-registered Node has a new UID, and slices owned by the
+            # old one would be garbage-collected as soon as they are written.
+            node_uid = node_owner_uid(api, opts.node_name)
+            inventory, taints = state.published(opts.driver_name)
+            return build_slices(
+                inventory,
+                config,
+                opts.driver_name,
+                opts.node_name,
+                enforcement=report.tiers,
+                node_uid=node_uid,
+                taints=taints,
+            )
+
+        wake = state.wake
+        publishing = self._thread(
+            "publisher", publisher.run, self.stop, desired, opts.publish_interval, wake
+        )
+        self._stack.callback(publishing.join, 5)
+        self._stack.callback(wake.set)  # released first: wakes the publisher to see the stop
+        self._thread("slice-watch", publisher.watch, self.stop, wake)
+
+    def _thread(self, name: str, target: Callable[..., object], *args: object) -> threading.Thread:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        thread.start()
+        return thread

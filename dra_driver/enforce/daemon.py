@@ -1,0 +1,233 @@
+"""One MPS v3 control daemon: its directories, its start-up TOML, start, health and stop.
+
+The enforcer runs one daemon per compute mode that has claims on the node (so at most two):
+
+- ``sm-sharing``: ``[features.context-share] enabled = true, default_socket = "off"`` — clients
+  of a named server share one GPU context and run concurrently on the SMs (the KAI/NVIDIA
+  arrangement; ``docs/enforcement.md``, "Compute modes");
+- ``time-slicing``: ``[features.context-share] enabled = false`` — [INFERRED] each client keeps
+  its own context, so the GPU time-slices between them while MPS still applies the namespace's
+  memory and thread limits. ``hack/gpu-check`` measures whether clients really run
+  concurrently.
+
+The TOML is applied once at start-up (NVIDIA MPS docs, "MPS v3 Configuration File"), hence
+one daemon per mode rather than one per node. Both have ``memacct`` on (the default).
+Directories: ``<root>/<mode>/pipe`` (the ``CUDA_MPS_PIPE_DIRECTORY``; node-local, as it holds
+the sockets) and ``<root>/<mode>/log``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+
+from dra_driver.enforce.base import MpsError
+from dra_driver.enforce.control import MpsCommandError, MpsControl, MpsTimeout
+from dra_driver.enforce.names import CONTROL_BINARY, daemon_pipe_dir
+from dra_driver.enforce.readiness import ReadinessError, read_state, state_path
+from dra_driver.infra import budget
+from dra_driver.infra.atomicfile import ensure_dir, write_atomic
+from dra_driver.infra.runner import Runner
+from dra_driver.model.vocabulary import COMPUTE_MODES, ComputeMode
+
+log = structlog.get_logger(__name__)
+
+"""Compute modes, each served by its own daemon."""
+
+
+def config_toml(mode: str) -> str:
+    """The daemon's ``-a`` configuration for ``mode`` (only keys of the Release 615 "MPS v3
+    Configuration File" page)."""
+    if mode not in COMPUTE_MODES:
+        raise MpsError(f"unknown compute mode {mode!r}")
+    share = (
+        'enabled = true\ndefault_socket = "off"\n'
+        if mode == ComputeMode.SM_SHARING
+        else "enabled = false\n"
+    )
+    return (
+        'schema_version = "1.0"\n\n'
+        "[features.memacct]\nenabled = true\n\n"
+        f"[features.context-share]\n{share}"
+    )
+
+
+class MpsDaemon:
+    """The control daemon serving one compute mode.
+
+    Args:
+        mode: ``time-slicing`` or ``sm-sharing``.
+        root: enforcer root; the daemon uses ``<root>/<mode>/{pipe,log,mps.toml}``.
+        runner: runs the control program.
+        binary: the control program.
+        timeout: seconds per control command.
+        start_checks: how many times to poll ``server list`` after starting the daemon.
+        check_interval: seconds between those polls.
+        sleep: injectable ``time.sleep``.
+    """
+
+    def __init__(
+        self,
+        mode: str,
+        root: Path,
+        runner: Runner,
+        binary: str = CONTROL_BINARY,
+        timeout: float = 10.0,
+        start_checks: int = 20,
+        check_interval: float = 0.25,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if mode not in COMPUTE_MODES:
+            raise MpsError(f"unknown compute mode {mode!r}")
+        self.mode = mode
+        self.dir = root / mode
+        self.pipe_dir = daemon_pipe_dir(root, mode)
+        self.log_dir = self.dir / "log"
+        self.config_file = self.dir / "mps.toml"
+        self.control = MpsControl(runner, self.pipe_dir, self.log_dir, binary, timeout)
+        self.start_checks = start_checks
+        self.check_interval = check_interval
+        self.sleep = sleep
+        self.starts = 0
+        """How many times this object started the daemon (first start plus restarts)."""
+
+    def service_problem(self) -> str | None:
+        """Why the MPS node service cannot serve this daemon now; None: no service involved
+        (this daemon is the plugin's own) or it is ready."""
+        return None
+
+    def alive(self) -> bool:
+        """Whether the daemon answers ``server list`` (False also when it is hung)."""
+        try:
+            self.control.server_list()
+        except MpsCommandError:
+            return False
+        return True
+
+    def _running(self) -> bool:
+        """Whether the daemon answers ``server list``; False when it is not running.
+
+        Raises:
+            MpsTimeout: it does not answer in time (hung: its sockets must stay).
+        """
+        try:
+            self.control.server_list()
+        except MpsTimeout:
+            raise
+        except MpsCommandError:
+            return False
+        return True
+
+    def ensure_running(self) -> bool:
+        """Start the daemon unless it answers already; return True when it was (re)started.
+
+        A stale ``control`` socket left by a crashed daemon is removed first
+        (``docs/enforcement.md``, "Lifecycle"); a hung daemon is left alone.
+
+        Raises:
+            MpsTimeout: the daemon runs but does not answer in time.
+            MpsError: when the daemon does not start or does not answer afterwards.
+        """
+        if self._running():
+            return False
+        ensure_dir(self.pipe_dir, 0o755)  # tenants of any UID reach their namespace below it
+        ensure_dir(self.log_dir, 0o755)
+        write_atomic(self.config_file, config_toml(self.mode).encode(), 0o644, durable=False)
+        for stale in ("control", "nvidia-cuda-mps-control.pid"):
+            (self.pipe_dir / stale).unlink(missing_ok=True)
+        log.info("starting MPS control daemon", mode=self.mode, pipe_dir=str(self.pipe_dir))
+        self.control.start_daemon(self.config_file)
+        call = budget.current()
+        for _ in range(max(1, self.start_checks)):
+            if self.alive():
+                self.starts += 1
+                return True
+            if call is not None and call.spent():
+                break
+            self.sleep(self.check_interval)
+        raise MpsError(
+            f"MPS control daemon ({self.mode}) did not answer after starting; "
+            f"see {self.log_dir / 'control.log'}"
+        )
+
+    def stop(self) -> None:
+        """Quit the daemon (and its servers) and remove its pipe directory; logs are kept.
+
+        A daemon that does not answer in time is left running with its directory (removing
+        the sockets of a live daemon would orphan it and its clients).
+        """
+        try:
+            running = self._running()
+        except MpsTimeout as exc:
+            log.warning("MPS daemon not answering; not stopped", mode=self.mode, error=str(exc))
+            return
+        if running:
+            log.info("stopping MPS control daemon", mode=self.mode)
+            try:
+                self.control.quit()
+            except MpsTimeout as exc:
+                log.warning("MPS daemon not answering; not stopped", mode=self.mode, error=str(exc))
+                return
+            except MpsCommandError as exc:
+                log.warning("MPS daemon quit failed", mode=self.mode, error=str(exc))
+        shutil.rmtree(self.pipe_dir, ignore_errors=True)
+        self.config_file.unlink(missing_ok=True)
+
+    def server_log_tail(self, server: str, lines: int = 5) -> str:
+        """The last lines of ``<log>/<server>/server.log`` ("" when absent)."""
+        path = self.log_dir / server / "server.log"
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return " | ".join(text.strip().splitlines()[-lines:])
+
+
+class ServiceDaemon(MpsDaemon):
+    """A control daemon the MPS node service runs (:mod:`dra_driver.enforce.service`): the plugin is
+    its client only. It never starts or stops the daemon; :meth:`ensure_running` checks that the
+    service says the daemon is ready (:mod:`dra_driver.enforce.readiness`) and that it answers.
+
+    Args: as :class:`MpsDaemon`.
+    """
+
+    @property
+    def state_file(self) -> Path:
+        """The service's readiness file (``<root>/service.json``)."""
+        return state_path(self.dir.parent)
+
+    def service_problem(self) -> str | None:
+        """Why the service cannot serve this daemon's mode now, or None."""
+        try:
+            state = read_state(self.state_file)
+        except ReadinessError as exc:
+            return f"no MPS service on this node ({exc})"
+        if not state.service_alive():
+            return f"the MPS service (pid {state.pid}) is not running"
+        return state.problem(self.mode)
+
+    def ensure_running(self) -> bool:
+        """Check that the service runs this mode's daemon and it answers; never starts one.
+
+        Raises:
+            MpsTimeout: the daemon runs but does not answer in time.
+            MpsError: the service is not ready (the message says why and names the DaemonSet
+                that runs it).
+        """
+        problem = self.service_problem()
+        if problem is None and not self._running():
+            problem = f"the {self.mode} control daemon does not answer at {self.pipe_dir}"
+        if problem is not None:
+            raise MpsError(
+                f"MPS service not ready on this node: {problem}. The MPS node service (the "
+                "gpu-fraction-dra-mps DaemonSet, dra-driver mps-service) runs the control "
+                "daemons; claims that need MPS fail until it is back"
+            )
+        return False
+
+    def stop(self) -> None:
+        """Nothing: the service owns the daemon (it keeps running for the next claims)."""

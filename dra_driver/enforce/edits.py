@@ -1,0 +1,90 @@
+"""What a claim's containers get from MPS enforcement (pure): the CDI containerEdits per device
+(environment, the namespace pipe mount, the memory-limit hooks) and where pipes live."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from dra_driver.enforce.hooks import (
+    memory_env,
+    memory_limit_hook,
+    record_cgroup_hook,
+    record_user_hook,
+)
+from dra_driver.enforce.names import daemon_pipe_dir, mib
+from dra_driver.enforce.targets import FractionTarget, MpsOptions
+from dra_driver.model.cdi import ContainerEdits, Mount
+from dra_driver.model.vocabulary import ComputeMode, Tier
+
+CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"
+"""Where the claim's namespace pipe directory appears inside the container."""
+
+
+def namespace_pipe_dir(target: FractionTarget, options: MpsOptions) -> str:
+    """Host path of the target's namespace pipe directory:
+    ``<root>/mps/<mode>/pipe/<server>/<namespace>`` (the MPS v3 layout: NVIDIA MPS docs,
+    "MPS v3 Namespaces")."""
+    pipe = daemon_pipe_dir(options.mps_root, target.mode)
+    return str(pipe / target.server / target.namespace)
+
+
+def target_edits(
+    target: FractionTarget, pipe_dir: str | None, options: MpsOptions
+) -> ContainerEdits:
+    """Pure: the CDI edits of one device of ``target`` (env, the pipe mount, hooks: on every
+    MPS tier the user record hook, on ``hard`` also the memory-limit and cgroup record hooks).
+
+    ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` mirrors the namespace's SM ceiling when there is one
+    (sm-sharing, below 100); in v3 the namespace value wins over the client's (NVIDIA MPS
+    docs, "Appendix: Environment Variables"), so it only informs the workload.
+
+    Args:
+        target: the claim's target on the device's GPU.
+        pipe_dir: host path of the claim's namespace pipe directory (None for tier none).
+        options: hook paths and the record directory.
+    """
+    env = [
+        f"GPU_FRACTION_COMPUTE_MODE={target.mode}",
+        f"GPU_FRACTION_MEMORY_ENFORCEMENT={target.tier}",
+    ]
+    if not target.uses_mps or pipe_dir is None:
+        return ContainerEdits(env=tuple(env))
+    head = [f"CUDA_MPS_PIPE_DIRECTORY={CONTAINER_PIPE_DIR}"]
+    if target.mode == ComputeMode.SM_SHARING and target.threads < 100:
+        head.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={target.threads}")
+    env = head + env
+    mounts = (Mount(pipe_dir, CONTAINER_PIPE_DIR),)
+    users = record_user_hook(str(options.user_record_root / target.claim.uid), options.record_shell)
+    if target.tier != Tier.HARD:
+        return ContainerEdits(env=tuple(env), mounts=mounts, hooks=(users,))
+    env.extend(memory_env(mib(target.request_bytes), mib(target.limit_bytes)))
+    hooks = [memory_limit_hook(target.gpu.uuid, options.driver_root, options.ctk_hook_path)]
+    if options.record_cgroups:
+        record_dir = str(options.record_root / target.claim.uid)
+        hooks.append(record_cgroup_hook(record_dir, options.record_shell))
+    hooks.append(users)
+    return ContainerEdits(env=tuple(env), mounts=mounts, hooks=tuple(hooks))
+
+
+def claim_edits(
+    targets: Sequence[FractionTarget],
+    options: MpsOptions,
+    pipes: Mapping[str, str] | None = None,
+) -> dict[str, ContainerEdits]:
+    """Pure: the CDI edits of every device of a claim, keyed by ``DevicePlan.key``.
+
+    Args:
+        targets: the claim's targets (:func:`targets_for_claim`).
+        options: paths.
+        pipes: GPU UUID -> namespace pipe directory as MPS reported it (real node); None to use
+            :func:`namespace_pipe_dir` (simulated node).
+    """
+    out: dict[str, ContainerEdits] = {}
+    for t in targets:
+        pipe: str | None = None
+        if t.uses_mps:
+            pipe = namespace_pipe_dir(t, options) if pipes is None else pipes.get(t.gpu.uuid)
+        edits = target_edits(t, pipe, options)
+        for key in t.device_keys:
+            out[key] = edits
+    return out

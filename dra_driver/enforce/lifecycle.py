@@ -1,0 +1,249 @@
+"""Applying and releasing one claim: its namespaces (or its own server) made or removed, a
+failed apply rolled back, and servers, compute modes and daemons nobody needs any more retired."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import structlog
+
+from dra_driver.enforce import removal
+from dra_driver.enforce.base import MpsError, disk_problem
+from dra_driver.enforce.computemode import ComputeModes
+from dra_driver.enforce.edits import claim_edits
+from dra_driver.enforce.janitor import SoftLimitJanitor
+from dra_driver.enforce.ledger import Applied, Ledger
+from dra_driver.enforce.names import dedicated_server_name, mib, namespace_name
+from dra_driver.enforce.objects import EFFECT_ERRORS, MpsObjects
+from dra_driver.enforce.targets import (
+    FractionTarget,
+    MpsOptions,
+    check_mode_conflicts,
+    targets_for_claim,
+)
+from dra_driver.gpus import Gpu
+from dra_driver.model.cdi import ContainerEdits
+from dra_driver.model.plans import ClaimPlan
+from dra_driver.model.vocabulary import Tier
+
+log = structlog.get_logger(__name__)
+
+
+class ClaimLifecycle:
+    """Applies and releases claims against the node's MPS objects, recording them in the ledger.
+
+    Not locked: its owner, the enforcer, serializes every call.
+
+    Args:
+        tiers: GPU UUID -> ``hard`` | ``cooperative`` | ``none``.
+        options: paths and defaults.
+        ledger: the applied and pending claims.
+        objects: the MPS daemons, servers and namespaces.
+        modes: compute-mode bookkeeping.
+        janitor: the soft-limit reservations of ``hard`` claims.
+    """
+
+    def __init__(
+        self,
+        tiers: Mapping[str, str],
+        options: MpsOptions,
+        ledger: Ledger,
+        objects: MpsObjects,
+        modes: ComputeModes,
+        janitor: SoftLimitJanitor,
+    ) -> None:
+        self.tiers = tiers
+        self.options = options
+        self.ledger = ledger
+        self.objects = objects
+        self.modes = modes
+        self.janitor = janitor
+
+    def apply(self, plan: ClaimPlan) -> Mapping[str, ContainerEdits]:
+        """Enforce ``plan`` (idempotent) and return the CDI edits per device key.
+
+        Raises:
+            MpsError: invalid plan, a mode conflict on a GPU, or an MPS/NVML failure; the
+                claim is then fully rolled back.
+        """
+        ref = plan.claim
+        bound = log.bind(claim_uid=ref.uid, namespace=ref.namespace, name=ref.name)
+        gone = sorted({d.gpu.uuid for d in plan.devices if d.gpu.uuid not in self.tiers})
+        if gone:
+            # Not "tier none": the claim's container may still run with an MPS mount.
+            raise MpsError(
+                f"claim {ref.namespace}/{ref.name}: GPU(s) {', '.join(gone)} not on this "
+                "node (any more)"
+            )
+        targets = targets_for_claim(plan, self.tiers, self.options.default_active_thread_percentage)
+        check_mode_conflicts(
+            ref.uid, targets, ((uid, a.targets) for uid, a in self.ledger.claims.items())
+        )
+        previous = self.ledger.claims.pop(ref.uid, None)
+        applied = Applied(plan, targets)
+        done: dict[tuple[str, str], str] = {}
+        try:
+            for t in targets:
+                if not t.uses_mps:
+                    bound.warning(
+                        "GPU memory NOT capped: no usable MPS on this GPU (tier none)",
+                        gpu=t.gpu.uuid,
+                        gpu_index=t.gpu.index,
+                    )
+                    continue
+                key = (t.server, t.namespace)
+                if key not in done:
+                    done[key] = self.objects.ensure(t)
+                applied.record_pipe(t.gpu.uuid, done[key])
+        except EFFECT_ERRORS as exc:
+            bound.error("MPS enforcement failed; claim rolled back", error=str(exc))
+            if previous is not None:
+                # Its container still runs: keep retrying it (check_health).
+                self.ledger.pending[ref.uid] = plan
+            self._teardown(targets + (previous.targets if previous else ()))
+            why = disk_problem(exc) if isinstance(exc, OSError) else str(exc)
+            raise MpsError(f"claim {ref.namespace}/{ref.name}: {why}") from exc
+        self.ledger.claims[ref.uid] = applied
+        self.ledger.pending.pop(ref.uid, None)
+        if previous:
+            kept = {(t.mode, t.server) for t in targets if t.uses_mps}
+            stale = tuple(t for t in previous.targets if (t.mode, t.server) not in kept)
+            self._teardown(stale, also_idle=previous.targets)
+        for t in targets:
+            self._log_target(bound, t, applied.pipes.get(t.gpu.uuid))
+        return claim_edits(targets, self.options, applied.pipes)
+
+    def release(self, claim_uid: str) -> None:
+        """Remove the claim's namespaces (clients terminated first) and its own server if it
+        has one, undo its soft-limit reservations, and retire what nobody needs any more
+        (idempotent; an unknown claim: whatever MPS still has of it is removed).
+
+        Raises:
+            MpsError: when a namespace or the claim's own server cannot be removed; the claim
+                stays recorded so that a retry repeats the release.
+        """
+        ns = namespace_name(claim_uid)
+        self.ledger.pending.pop(claim_uid, None)
+        applied = self.ledger.claims.get(claim_uid)
+        bound = log.bind(claim_uid=claim_uid, mps_namespace=ns)
+        if applied is None:
+            self._release_unknown(claim_uid)
+            return
+        errors = []
+        for t in _by_server(applied.targets):
+            try:
+                removal.remove_target(self.objects.daemons[t.mode], t)
+            except EFFECT_ERRORS as exc:
+                where = f"MPS server {t.server}" if t.dedicated else f"GPU {t.gpu.index}"
+                errors.append(f"{where}: {exc}")
+        if errors:
+            bound.error("MPS release failed", errors=errors)
+            raise MpsError(f"releasing claim {claim_uid}: " + "; ".join(errors))
+        hard = [t for t in applied.targets if t.tier == Tier.HARD]
+        self.janitor.release(
+            claim_uid,
+            [t.gpu.uuid for t in hard],
+            max((t.request_bytes for t in hard), default=0),
+        )
+        del self.ledger.claims[claim_uid]
+        self._idle(applied.targets)
+        bound.info("claim released", gpus=[t.gpu.uuid for t in applied.targets])
+
+    def _teardown(
+        self, targets: Sequence[FractionTarget], also_idle: Sequence[FractionTarget] = ()
+    ) -> None:
+        """Best effort: remove what ``targets`` set up and idle what nobody needs (GPUs of
+        ``targets`` and ``also_idle``)."""
+        for t in _by_server(targets):
+            try:
+                removal.remove_target(self.objects.daemons[t.mode], t)
+            except EFFECT_ERRORS as exc:
+                log.warning(
+                    "rollback: MPS removal failed",
+                    claim_uid=t.claim.uid,
+                    mps_server=t.server,
+                    error=str(exc),
+                )
+        self._idle(tuple(targets) + tuple(also_idle))
+
+    def _idle(self, targets: Sequence[FractionTarget]) -> None:
+        """Delete shared servers, reset compute modes and stop daemons no claim needs any more."""
+        users = self.ledger.wanted_targets()
+        seen: dict[tuple[str, str], Gpu] = {}
+        for t in targets:
+            if t.uses_mps:
+                seen.setdefault((t.mode, t.gpu.uuid), t.gpu)
+        for (mode, uuid), gpu in seen.items():
+            on_gpu = [o for o in users if o.gpu.uuid == uuid]
+            try:
+                if not any(o.mode == mode and not o.dedicated for o in on_gpu):
+                    removal.delete_shared_server(self.objects.daemons[mode], gpu)
+                if not on_gpu:
+                    self.modes.restore(uuid)
+            except EFFECT_ERRORS as exc:
+                log.error("retiring MPS server failed", gpu=uuid, error=str(exc))
+        for mode, daemon in self.objects.daemons.items():
+            if any(t.mode == mode for t in targets) and not any(u.mode == mode for u in users):
+                daemon.stop()
+
+    def reset_compute_modes(self) -> None:
+        """Put back to DEFAULT every GPU whose compute mode was changed and no claim needs."""
+        self.modes.reset_unused({t.gpu.uuid for t in self.ledger.wanted_targets()})
+
+    def _release_unknown(self, claim_uid: str) -> None:
+        """Remove what MPS has of a claim not in the ledger (its own server, its namespaces)
+        and its soft-limit records.
+
+        Raises:
+            MpsError: a command failed.
+        """
+        ns = namespace_name(claim_uid)
+        own = dedicated_server_name(claim_uid)
+        for _, daemon, server in self.objects.servers():
+            if server.name == own:
+                removal.remove_claim_server(daemon, own, claim_uid)
+            elif any(r.name == ns for r in daemon.control.namespace_list(server.name)):
+                removal.delete_orphan(daemon, server.name, ns, claim_uid)
+        self.janitor.release(claim_uid, [], 0)
+
+    def _log_target(
+        self, bound: structlog.typing.FilteringBoundLogger, t: FractionTarget, pipe: str | None
+    ) -> None:
+        fields = {
+            "gpu": t.gpu.uuid,
+            "gpu_index": t.gpu.index,
+            "compute_mode": t.mode,
+            "tier": t.tier,
+            "request_mib": mib(t.request_bytes),
+            "limit_mib": mib(t.limit_bytes),
+            "threads": t.threads,
+        }
+        if t.tier == Tier.COOPERATIVE:
+            bound.warning(
+                "fraction enforced cooperatively: MPS namespace pinned limit only; the driver "
+                "does not cap the container's cgroup",
+                mps_server=t.server,
+                mps_namespace=t.namespace,
+                pipe_dir=pipe,
+                **fields,
+            )
+        elif t.tier == Tier.HARD:
+            bound.info(
+                "fraction enforced (hard)",
+                mps_server=t.server,
+                mps_namespace=t.namespace,
+                pipe_dir=pipe,
+                **fields,
+            )
+
+
+def _by_server(targets: Sequence[FractionTarget]) -> list[FractionTarget]:
+    """MPS targets, one per (mode, server, namespace): a multi-GPU claim's GPUs share one."""
+    seen: set[tuple[str, str, str]] = set()
+    out = []
+    for t in targets:
+        key = (t.mode, t.server, t.namespace)
+        if t.uses_mps and key not in seen:
+            seen.add(key)
+            out.append(t)
+    return out

@@ -1,0 +1,281 @@
+"""MPS objects on the node: control daemons, servers and namespaces. Ensuring them (servers
+created and verified for their GPUs, namespaces with their limits, drifted limits re-set);
+removing them is :mod:`dra_driver.enforce.removal`."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+import structlog
+
+from dra_driver.enforce.base import MpsError
+from dra_driver.enforce.computemode import ComputeModes
+from dra_driver.enforce.control import MpsCommandError, MpsControl
+from dra_driver.enforce.daemon import MpsDaemon
+from dra_driver.enforce.edits import namespace_pipe_dir
+from dra_driver.enforce.names import memory_arg
+from dra_driver.enforce.nvmlcontrol import NvmlError, NvmlFacade
+from dra_driver.enforce.removal import terminate_clients
+from dra_driver.enforce.rows import NamespaceRow, ServerRow
+from dra_driver.enforce.targets import FractionTarget, MpsOptions, gpus_text, namespace_drift
+from dra_driver.gpus import Gpu
+from dra_driver.infra.atomicfile import ensure_dir
+
+log = structlog.get_logger(__name__)
+
+EFFECT_ERRORS = (MpsError, NvmlError, OSError)
+"""What :meth:`MpsObjects.ensure` and the removals may raise: an MPS command, NVML, the disk."""
+
+EARLY_CLIENT_TRIES = 3
+"""Attempts to set a new namespace's limits when clients attached before them."""
+
+_BAD_STATUS = ("fail", "error", "exit", "fault", "dead", "terminat", "stop")
+_READY = "ready"
+
+
+class MpsObjects:
+    """Creates, checks and removes the MPS daemons, servers and namespaces claims use.
+
+    Not locked: its owner, the enforcer, serializes every call.
+
+    Args:
+        daemons: the control daemon of each compute mode (``time-slicing``, ``sm-sharing``).
+        options: paths and defaults.
+        nvml: tells whether a GPU is present.
+        modes: sets a GPU's compute mode before a server is created on it.
+        sleep: injectable ``time.sleep``, between server checks.
+    """
+
+    def __init__(
+        self,
+        daemons: Mapping[str, MpsDaemon],
+        options: MpsOptions,
+        nvml: NvmlFacade,
+        modes: ComputeModes,
+        sleep: Callable[[float], None],
+    ) -> None:
+        self.daemons = daemons
+        self.options = options
+        self.nvml = nvml
+        self.modes = modes
+        self.sleep = sleep
+
+    def servers(self) -> Iterator[tuple[str, MpsDaemon, ServerRow]]:
+        """``(mode, daemon, server row)`` of every server of every daemon that answers
+        ``server list`` (a daemon that does not is skipped)."""
+        for mode, daemon in self.daemons.items():
+            try:
+                rows = daemon.control.server_list()
+            except MpsCommandError:
+                continue
+            for row in rows:
+                yield mode, daemon, row
+
+    def ensure(self, t: FractionTarget) -> str:
+        """Make ``t``'s daemon run, its server exist and its namespace exist with its limits;
+        return the namespace's pipe directory.
+
+        Raises:
+            MpsError: a command failed or a check after it did (see :meth:`ensure_server`,
+                :meth:`ensure_namespace`).
+            NvmlError: the GPU's compute mode cannot be set.
+            OSError: a marker or pipe directory cannot be written.
+        """
+        daemon = self.daemons[t.mode]
+        daemon.ensure_running()
+        self.ensure_server(daemon, t.server, t.server_gpus)
+        return self.ensure_namespace(daemon, t)
+
+    def ensure_server(self, daemon: MpsDaemon, name: str, gpus: Sequence[Gpu]) -> None:
+        """Make server ``name`` exist for ``gpus`` (compute mode set first) and verified; a
+        failed one, or one for other GPUs, is deleted and re-created.
+
+        Raises:
+            MpsError: a command failed, a GPU is not present (NVML), or the new server failed
+                its checks (:meth:`verify_server`).
+        """
+        ctl = daemon.control
+        row = _row(ctl, name)
+        if row is not None and server_ok(row, gpus):
+            return
+        if row is not None:
+            log.warning(
+                "replacing failed MPS server",
+                mps_server=name,
+                status=row.status,
+                allowed_devices=list(row.allowed_devices),
+                gpus=[g.uuid for g in gpus],
+            )
+            with contextlib.suppress(MpsCommandError):
+                terminate_clients(ctl, name)
+            ctl.server_delete(name, force=True)
+        for gpu in gpus:
+            if not self.nvml.has_gpu(gpu.uuid):
+                raise MpsError(f"GPU {gpu.index} ({gpu.uuid}) is not present on this node (NVML)")
+        for gpu in gpus:
+            self.modes.set(gpu, self.options.compute_mode_for(daemon.mode))
+        ctl.server_create(name, [g.uuid for g in gpus])
+        self.verify_server(daemon, name, gpus)
+        log.info(
+            "MPS server created",
+            mps_server=name,
+            gpus=[g.uuid for g in gpus],
+            gpu_indexes=[g.index for g in gpus],
+            mode=daemon.mode,
+        )
+
+    def verify_server(self, daemon: MpsDaemon, name: str, gpus: Sequence[Gpu]) -> None:
+        """Check the new server ``options.server_checks`` times, ``server_check_interval``
+        seconds apart, until it is Ready; still not Ready: accepted with a warning.
+
+        Raises:
+            MpsError: the server vanished or failed (then deleted); the message has the tail of
+                its ``server.log``.
+        """
+        status = ""
+        for attempt in range(max(1, self.options.server_checks)):
+            if attempt:
+                self.sleep(self.options.server_check_interval)
+            row = _row(daemon.control, name)
+            if row is None or not server_ok(row, gpus):
+                state = (
+                    "vanished" if row is None else f"is {row.status!r} for {row.allowed_devices}"
+                )
+                if row is not None:
+                    with contextlib.suppress(MpsCommandError):
+                        daemon.control.server_delete(name, force=True)
+                tail = daemon.server_log_tail(name)
+                raise MpsError(
+                    f"MPS server {name} for {gpus_text(gpus)} {state} after create; "
+                    "clients would run without MPS limits"
+                    + (f"; server.log: {tail}" if tail else "")
+                )
+            status = row.status
+            if status.lower() == _READY:
+                return
+        log.warning(
+            "MPS server not Ready yet; accepting",
+            mps_server=name,
+            status=status,
+            gpus=[g.uuid for g in gpus],
+        )
+
+    def ensure_namespace(self, daemon: MpsDaemon, t: FractionTarget) -> str:
+        """Make ``t``'s namespace exist with its limits; return its pipe directory.
+
+        Read-only when the namespace is there with the right limits: ``namespace set`` runs
+        only on a namespace just created or one whose limits drifted, and never while clients
+        are attached (on r615 drivers it then fails; ``docs/enforcement.md``, "Lifecycle").
+
+        Raises:
+            MpsError: a command failed, the limits read back wrong, or they drifted while
+                clients are attached (the GPU is then reported unhealthy).
+        """
+        ctl = daemon.control
+        ns, srv = t.namespace, t.server
+        row = next((r for r in ctl.namespace_list(srv) if r.name == ns), None)
+        if row is None:
+            ctl.namespace_create(ns, srv)
+            row = self.first_limits(ctl, t)
+        else:
+            drift = namespace_drift(row, t)
+            if drift:
+                row = self.repair_limits(ctl, t, drift)
+        pipe = Path(row.pipe_directory or namespace_pipe_dir(t, self.options))
+        root = daemon.pipe_dir.resolve()
+        if not pipe.resolve().is_relative_to(root):
+            raise MpsError(f"MPS namespace {ns} pipe directory {pipe} is outside {root}")
+        ensure_dir(pipe, 0o755)
+        return str(pipe)
+
+    def first_limits(self, ctl: MpsControl, t: FractionTarget) -> NamespaceRow:
+        """:meth:`set_limits` of a namespace just created. Until then it has no limits, and a
+        tenant that keeps retrying (its pod restarted, or after a repair) can attach in that
+        moment; ``namespace set`` then fails. Such clients are terminated, so that no process
+        runs without the claim's limits (they may attach again, under the limits), and the
+        limits set; up to :data:`EARLY_CLIENT_TRIES` times.
+
+        Raises:
+            MpsError: as :meth:`set_limits`, also when clients keep attaching.
+        """
+        ns, srv = t.namespace, t.server
+        for _ in range(EARLY_CLIENT_TRIES - 1):
+            try:
+                return self.set_limits(ctl, t)
+            except MpsCommandError:
+                early = [c.pid for c in ctl.client_list(srv) if c.namespace == ns]
+                if not early:
+                    raise
+                log.warning(
+                    "clients attached to a new MPS namespace before its limits were set; "
+                    "terminating them so that no process runs without the claim's limits",
+                    claim_uid=t.claim.uid,
+                    namespace=t.claim.namespace,
+                    name=t.claim.name,
+                    gpu=t.gpu.uuid,
+                    mps_server=srv,
+                    mps_namespace=ns,
+                    pids=early,
+                )
+                terminate_clients(ctl, srv, ns)
+        return self.set_limits(ctl, t)
+
+    def set_limits(self, ctl: MpsControl, t: FractionTarget) -> NamespaceRow:
+        """``namespace set`` both limits, read them back and check them."""
+        ns, srv = t.namespace, t.server
+        ctl.namespace_set(ns, srv, memory_arg(t.limit_bytes), t.threads)
+        row = next((r for r in ctl.namespace_list(srv, ns) if r.name == ns), None)
+        if row is None:
+            raise MpsError(f"MPS namespace {ns} missing on server {srv} right after create")
+        drift = namespace_drift(row, t)
+        if drift:
+            raise MpsError(f"MPS namespace {ns} on {srv} reports {'; '.join(drift)}")
+        return row
+
+    def repair_limits(self, ctl: MpsControl, t: FractionTarget, drift: list[str]) -> NamespaceRow:
+        """Re-set a namespace whose limits drifted, unless clients are attached."""
+        ns, srv = t.namespace, t.server
+        clients = [c for c in ctl.client_list(srv) if c.namespace == ns]
+        if clients:
+            raise MpsError(
+                f"MPS namespace {ns} on {srv} has {'; '.join(drift)}, and {len(clients)} "
+                f"client(s) attached (PIDs {', '.join(str(c.pid) for c in clients)}): not "
+                "re-set, as namespace set fails while clients are attached; restart the "
+                "claim's pods to have the limits applied"
+            )
+        log.warning(
+            "MPS namespace limits drifted; re-setting them",
+            claim_uid=t.claim.uid,
+            namespace=t.claim.namespace,
+            name=t.claim.name,
+            gpu=t.gpu.uuid,
+            mps_server=srv,
+            mps_namespace=ns,
+            drift=drift,
+        )
+        return self.set_limits(ctl, t)
+
+
+def server_ok(row: ServerRow, gpus: Sequence[Gpu]) -> bool:
+    """Whether server ``row`` is usable for ``gpus``: no failure in its status, and its allowed
+    devices (when listed) are those GPUs (by UUID or index)."""
+    status = row.status.lower()
+    if any(bad in status for bad in _BAD_STATUS):
+        return False
+    devices = row.allowed_devices
+    if not devices:
+        return True
+    if len(gpus) > 1 and len(devices) != len(gpus):
+        return False  # a claim's server made for another set of GPUs
+    return all(g.uuid in devices or str(g.index) in devices for g in gpus)
+
+
+def _row(ctl: MpsControl, name: str) -> ServerRow | None:
+    """Server ``name``'s row of ``server list``, or None.
+
+    Raises:
+        MpsCommandError: the daemon did not answer (:class:`MpsTimeout`: it is hung).
+    """
+    return next((r for r in ctl.server_list() if r.name == name), None)

@@ -1,0 +1,136 @@
+"""Removing MPS objects from one control daemon: namespaces, a claim's own server, a GPU's
+shared server, always terminating their clients first."""
+
+from __future__ import annotations
+
+import shutil
+
+import structlog
+
+from dra_driver.enforce.control import MpsCommandError, MpsControl, MpsTimeout
+from dra_driver.enforce.daemon import MpsDaemon
+from dra_driver.enforce.names import server_name
+from dra_driver.enforce.targets import FractionTarget
+from dra_driver.gpus import Gpu
+
+log = structlog.get_logger(__name__)
+
+
+def terminate_clients(ctl: MpsControl, server: str, namespace: str | None = None) -> None:
+    """``client terminate`` every client of ``server`` (of ``namespace`` only, if given)
+    before removing it: a client killed with work in flight can wedge the GPU
+    (``docs/enforcement.md``, "Lifecycle"). A refused terminate is logged.
+
+    Raises:
+        MpsCommandError: ``client list`` failed.
+    """
+    for client in ctl.client_list(server):
+        if namespace is not None and client.namespace != namespace:
+            continue
+        try:
+            ctl.client_terminate(client.pid)
+            log.info(
+                "MPS client terminated",
+                pid=client.pid,
+                mps_server=server,
+                mps_namespace=client.namespace,
+            )
+        except MpsCommandError as exc:
+            log.warning("MPS client terminate failed", pid=client.pid, error=str(exc))
+
+
+def remove_target(daemon: MpsDaemon, t: FractionTarget) -> None:
+    """Remove what ``t`` set up in ``daemon`` (its mode's): its namespace, or its claim's own
+    server.
+
+    Raises:
+        MpsError: a command failed (:class:`MpsTimeout`: the daemon is hung).
+    """
+    if t.dedicated:
+        remove_claim_server(daemon, t.server, t.claim.uid)
+    else:
+        remove_namespace(daemon, t)
+
+
+def remove_namespace(daemon: MpsDaemon, t: FractionTarget) -> None:
+    """Delete ``t``'s namespace (its clients terminated first) and its pipe directory.
+
+    Raises:
+        MpsError: a command failed (:class:`MpsTimeout`: the daemon is hung).
+    """
+    ctl = daemon.control
+    if _listed(ctl, t.server):
+        terminate_clients(ctl, t.server, t.namespace)
+        if any(r.name == t.namespace for r in ctl.namespace_list(t.server)):
+            ctl.namespace_delete(t.namespace, t.server, force=True)
+    shutil.rmtree(daemon.pipe_dir / t.server / t.namespace, ignore_errors=True)
+
+
+def remove_claim_server(daemon: MpsDaemon, server: str, claim_uid: str) -> None:
+    """Delete a multi-GPU claim's own server: clients terminated first, then ``server
+    delete --force``; its pipe directory removed.
+
+    Raises:
+        MpsError: a command failed (:class:`MpsTimeout`: the daemon is hung).
+    """
+    ctl = daemon.control
+    if _listed(ctl, server):
+        terminate_clients(ctl, server)
+        ctl.server_delete(server, force=True)
+        log.info("claim's MPS server deleted", claim_uid=claim_uid, mps_server=server)
+    shutil.rmtree(daemon.pipe_dir / server, ignore_errors=True)
+
+
+def delete_shared_server(daemon: MpsDaemon, gpu: Gpu) -> None:
+    """Delete ``gpu``'s shared server in ``daemon`` if listed (a hung daemon: left); a refused
+    delete is retried with its clients terminated and ``--force``, a failure of that logged.
+
+    Raises:
+        MpsCommandError: ``client list`` failed.
+    """
+    ctl = daemon.control
+    name = server_name(gpu.index)
+    try:
+        present = _listed(ctl, name)
+    except MpsTimeout:
+        present = False
+    if not present:
+        return
+    try:
+        ctl.server_delete(name)
+    except MpsCommandError:
+        terminate_clients(ctl, name)
+        try:
+            ctl.server_delete(name, force=True)
+        except MpsCommandError as exc:
+            log.error("MPS server delete failed", mps_server=name, error=str(exc))
+
+
+def delete_orphan(daemon: MpsDaemon, server: str, ns: str, uid: str) -> None:
+    """Delete namespace ``ns`` of claim ``uid`` on ``server`` (clients terminated first) and
+    its pipe directory.
+
+    Raises:
+        MpsError: a command failed.
+    """
+    ctl = daemon.control
+    terminate_clients(ctl, server, ns)
+    ctl.namespace_delete(ns, server, force=True)
+    shutil.rmtree(daemon.pipe_dir / server / ns, ignore_errors=True)
+    log.info("orphaned MPS namespace removed", claim_uid=uid, mps_namespace=ns, mps_server=server)
+
+
+def _listed(ctl: MpsControl, name: str) -> bool:
+    """Whether server ``name`` is listed; False when the daemon is gone (a failed command: its
+    servers and clients are gone with it).
+
+    Raises:
+        MpsTimeout: the daemon is hung, not gone: what it serves stays until it answers.
+    """
+    try:
+        servers = ctl.server_list()
+    except MpsTimeout:
+        raise
+    except MpsCommandError:
+        return False
+    return any(r.name == name for r in servers)

@@ -1,0 +1,99 @@
+"""What Prepare enforces for a claim: the claim's identity and, per allocated device, the GPU,
+memory request and ceiling (bytes), compute mode and SM percentage. Records only; they are
+decided by :mod:`dra_driver.prepare.plan` and kept in the checkpoint
+(:mod:`dra_driver.prepare.checkpoint`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from dra_driver.model.gpu import Gpu
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    """The claim identity the kubelet sends: namespace, name, UID."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """What to enforce for one allocated device (one fraction of one GPU).
+
+    Attributes:
+        request_names: the claim's request names this device satisfies.
+        pool: ResourceSlice pool (the node name).
+        device: device name in the ResourceSlice, e.g. ``gpu-0-quarter-2``.
+        share_id: allocation ``shareID`` (consumable capacity) or None.
+        gpu: the physical GPU.
+        compute_mode: ``time-slicing`` | ``sm-sharing`` (the GPU's mode).
+        memory_request_bytes: guaranteed memory (soft limit), bytes; 0 with admin access.
+        memory_limit_bytes: ceiling (hard limit), bytes; request <= limit <= card memory; 0
+            with admin access.
+        active_thread_percentage: SM ceiling 1..100 (sm-sharing) or None (the node's
+            default).
+        admin_access: the request has ``adminAccess: true`` (monitoring access to the GPU:
+            no MPS namespace, no memory; the scheduler does not count it either).
+    """
+
+    request_names: tuple[str, ...]
+    pool: str
+    device: str
+    share_id: str | None
+    gpu: Gpu
+    compute_mode: str
+    memory_request_bytes: int
+    memory_limit_bytes: int
+    active_thread_percentage: int | None
+    admin_access: bool = False
+
+    @property
+    def key(self) -> str:
+        """A name unique within the claim: the device name plus the share ID if any."""
+        return f"{self.device}-{self.share_id}" if self.share_id else self.device
+
+
+@dataclass(frozen=True)
+class ClaimPlan:
+    """Everything Prepare enforces for one claim: its identity and its device plans."""
+
+    claim: ClaimRef
+    devices: tuple[DevicePlan, ...]
+
+
+def plan_to_json(plan: ClaimPlan) -> dict[str, Any]:
+    """Serialize a plan for the checkpoint (plain JSON types). ``admin_access`` is written only
+    when true: records of ordinary claims keep the released v1 shape."""
+    doc = asdict(plan)
+    for device in doc["devices"]:
+        if not device["admin_access"]:
+            del device["admin_access"]
+    return doc
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    """One entry of the NodePrepareResources reply: a device of the claim and the CDI device IDs
+    (fully qualified) its containers get."""
+
+    request_names: tuple[str, ...]
+    pool: str
+    device: str
+    share_id: str | None
+    cdi_device_ids: tuple[str, ...]
+
+
+def prepared_devices(plan: ClaimPlan, cdi_ids: Mapping[str, str]) -> tuple[PreparedDevice, ...]:
+    """The reply rows of a prepared claim: one per device plan, with its CDI device ID from
+    ``cdi_ids`` (device plan key -> ID, as :meth:`~dra_driver.prepare.cdispecs.CdiSpecs.write`
+    returns them)."""
+    return tuple(
+        PreparedDevice(d.request_names, d.pool, d.device, d.share_id, (cdi_ids[d.key],))
+        for d in plan.devices
+    )

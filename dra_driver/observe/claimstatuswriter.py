@@ -1,0 +1,344 @@
+"""Writing prepared claims' ``status.devices`` (see :mod:`dra_driver.observe.claimstatus`) in the
+background, so Prepare never waits on it.
+
+For each submitted claim the writer reads the claim, checks it is still the claim prepared
+(same UID) and allocated on this node (the plugin never writes another node's claim; the API
+server would refuse it too, with ``associated-node`` authorization), skips the write when the
+entries are already there (so a plugin restart re-submitting its prepared claims costs one read
+each), and otherwise updates the claim's ``status`` with them (PUT, guarded by the
+``resourceVersion`` read; a conflict re-reads).
+
+Why an update of the claim as read, sent as compact JSON with its keys in the order read, and
+not a patch: the API server compares ``status.allocation`` byte by byte (its opaque
+parameters are raw JSON) and refuses any change to it. Server-side apply and merge patches
+re-encode the parameters with sorted keys, so on a claim whose parameters are not in sorted
+order (``{"apiVersion", "kind", "activeThreadPercentage"}``) Kubernetes 1.37 refuses them with
+422 ``status.allocation: field cannot be modified once set``; the official client's own
+encoder adds spaces, which changes the bytes too.
+
+Permissions (Kubernetes >= 1.36 granular status authorization): ``update`` on
+``resourceclaims/status`` and ``associated-node:update`` on ``resourceclaims/driver`` with
+``resourceNames: [<driver>]``; the chart grants both (``rbac.claimDeviceStatus``). A refused
+write is logged with that hint and counted; Prepare is never failed by it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import structlog
+from kubernetes.client import ApiClient, ResourceV1Api
+from kubernetes.client.exceptions import ApiException
+from urllib3 import Timeout
+from urllib3.exceptions import HTTPError
+
+from dra_driver.enforce.tiers import EnforcementReport
+from dra_driver.infra.metrics import Metrics
+from dra_driver.model.plans import ClaimPlan
+from dra_driver.model.vocabulary import Tier
+from dra_driver.observe.claimstatus import (
+    Enforcement,
+    allocated_node,
+    already_written,
+    device_entries,
+    with_entries,
+)
+
+log = structlog.get_logger(__name__)
+
+RBAC_HINT = (
+    "grant the plugin's service account update on resourceclaims/status and "
+    "associated-node:update on resourceclaims/driver for this driver (Helm value "
+    "rbac.claimDeviceStatus=true)"
+)
+
+
+_GO_ESCAPES = {ord(c): f"\\u{ord(c):04x}" for c in "&<>\u2028\u2029"}
+"""What Go's encoding/json escapes inside strings (HTML-safe output, its default), as a
+``str.translate`` table: ``&`` -> ``\\u0026``."""
+
+
+def compact_json(doc: Mapping[str, Any], go_escapes: bool = False) -> bytes:
+    """``doc`` as Go clients send it: no spaces, keys in the order given, UTF-8 unescaped;
+    with ``go_escapes`` also ``&``, ``<``, ``>``, U+2028 and U+2029 written as ``\\u0026`` etc.,
+    as Go's encoding/json writes them (those characters occur only inside strings here)."""
+    text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+    return (text.translate(_GO_ESCAPES) if go_escapes else text).encode()
+
+
+def _allocation_refused(exc: ApiException) -> bool:
+    """The API server's 422 for a ``status.allocation`` whose bytes differ from those stored."""
+    body = str(exc.body)
+    return exc.status == 422 and "status.allocation" in body and "cannot be modified" in body
+
+
+class ClaimStatusApi(Protocol):
+    """Reads a claim and updates its status (API JSON)."""
+
+    def read(self, namespace: str, name: str, timeout: float) -> Mapping[str, Any]:
+        """The claim as API JSON.
+
+        Raises:
+            ApiException: the API server refused or has no such claim.
+            urllib3.exceptions.HTTPError: no answer within ``timeout`` seconds.
+        """
+        ...
+
+    def replace(self, namespace: str, name: str, claim: Mapping[str, Any], timeout: float) -> None:
+        """Update the claim's ``status`` subresource with ``claim`` (as read, changed).
+
+        Raises:
+            ApiException: refused (409: ``resourceVersion`` or UID no longer match).
+            urllib3.exceptions.HTTPError: no answer within ``timeout`` seconds.
+        """
+        ...
+
+
+class ApiClaimStatus:
+    """:class:`ClaimStatusApi` over the official client, one try per call (its own copy of
+    the configuration with urllib3 retries off; the writer retries itself)."""
+
+    def __init__(self, api_client: ApiClient) -> None:
+        config = copy.deepcopy(api_client.configuration)
+        config.retries = False
+        config.client_go_retries = False
+        self._client = ApiClient(config)
+        self._api = ResourceV1Api(self._client)
+
+    def read(self, namespace: str, name: str, timeout: float) -> Mapping[str, Any]:
+        resp: Any = self._api.read_namespaced_resource_claim(
+            name, namespace, _preload_content=False, _request_timeout=timeout
+        )
+        doc: Mapping[str, Any] = json.loads(resp.data)
+        return doc
+
+    def replace(self, namespace: str, name: str, claim: Mapping[str, Any], timeout: float) -> None:
+        """PUT the compact JSON (:func:`compact_json`) through the client's connection pool
+        and credentials (the generated method would re-encode the body with spaces).
+
+        The API server compares the allocation's opaque parameters with the bytes stored, which
+        are the bytes their writer sent; a read gives them back decoded, so how ``&``, ``<`` or
+        ``>`` were written is lost. Go clients (kubectl, helm, controllers) escape them, so that
+        form goes first; if the server refuses the allocation as modified, the unescaped form
+        (a Python or hand-written client's) follows. Claims without those characters are sent
+        once (both forms are the same).
+        """
+        escaped = compact_json(claim, go_escapes=True)
+        try:
+            self._put(namespace, name, escaped, timeout)
+        except ApiException as exc:
+            plain = compact_json(claim)
+            if plain == escaped or not _allocation_refused(exc):
+                raise
+            self._put(namespace, name, plain, timeout)
+
+    def _put(self, namespace: str, name: str, body: bytes, timeout: float) -> None:
+        config = self._client.configuration
+        path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}/status"
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        for auth in config.auth_settings().values():  # the client's own bearer token header
+            headers[auth["key"]] = str(auth["value"])
+        resp = self._client.rest_client.pool_manager.request(
+            "PUT",
+            f"{config.host}{path}",
+            body=body,
+            headers=headers,
+            timeout=Timeout(total=timeout),
+            retries=False,
+        )
+        if resp.status >= 400:
+            raise ApiException(http_resp=resp)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _retryable(exc: Exception) -> bool:
+    """Transport errors, conflicts (409: the claim changed since it was read), 429 and 5xx
+    are worth another try (after a new read); other refusals are not."""
+    if isinstance(exc, ApiException):
+        return exc.status in (409, 429) or (exc.status or 0) >= 500
+    return True
+
+
+def _describe(exc: Exception) -> str:
+    """One line for the log; a refusal for want of rights (403, or the API server's 422 with a
+    ``resourceclaims/driver`` cause) gets :data:`RBAC_HINT`."""
+    if isinstance(exc, ApiException):
+        text = f"HTTP {exc.status} {exc.reason}"
+        if exc.status == 403 or "resourceclaims/driver" in str(exc.body):
+            return f"{text}: {str(exc.body)[:300]}; {RBAC_HINT}"
+        return text
+    return f"{type(exc).__name__}: {exc}"
+
+
+class ClaimStatusWriter:
+    """Background writer of prepared claims' device status (one thread: :meth:`run`).
+
+    Args:
+        api: claim reads and status applies.
+        driver: our driver name.
+        node: this node's name; only claims allocated on it are written.
+        enforcement: GPU UUID -> its tier and reasons (from tier detection).
+        metrics: counts results in ``dra_gpu_fraction_claim_status_writes_total``.
+        timeout: seconds per API call.
+        attempts: tries per claim for retryable failures (transport, 429, 5xx).
+        backoff: seconds before the second try, doubled for each further one.
+        now: RFC 3339 time of the condition (tests pass a fixed clock).
+        default_percentage: active thread percentage of sm-sharing claims that set none
+            (``--default-active-thread-percentage``).
+    """
+
+    def __init__(
+        self,
+        api: ClaimStatusApi,
+        driver: str,
+        node: str,
+        enforcement: Mapping[str, Enforcement],
+        metrics: Metrics,
+        *,
+        timeout: float = 5.0,
+        attempts: int = 3,
+        backoff: float = 1.0,
+        now: Callable[[], str] = _now,
+        default_percentage: int = 100,
+    ) -> None:
+        self.api = api
+        self.driver = driver
+        self.node = node
+        self.enforcement = dict(enforcement)
+        self.metrics = metrics
+        self.timeout = timeout
+        self.attempts = attempts
+        self.backoff = backoff
+        self.now = now
+        self.default_percentage = default_percentage
+        self._queue: queue.Queue[ClaimPlan] = queue.Queue()
+        self._root: set[str] = set()
+
+    @classmethod
+    def of(
+        cls,
+        api_client: ApiClient,
+        driver: str,
+        node: str,
+        report: EnforcementReport,
+        metrics: Metrics,
+        default_percentage: int,
+    ) -> ClaimStatusWriter:
+        """The plugin's writer: the API through ``api_client``, each GPU's enforcement from
+        tier detection's ``report``."""
+        enforcement = {
+            uuid: Enforcement(Tier(d.tier), d.reasons) for uuid, d in report.decisions.items()
+        }
+        api = ApiClaimStatus(api_client)
+        return cls(api, driver, node, enforcement, metrics, default_percentage=default_percentage)
+
+    def submit(self, plan: ClaimPlan) -> None:
+        """Queue ``plan``'s claim for a status write (returns at once)."""
+        self._queue.put(plan)
+
+    def flag_root(self, plan: ClaimPlan, containers: list[str]) -> None:
+        """A container of ``plan``'s claim runs as root (:mod:`dra_driver.observe.rootclients`):
+        write its status again with the ``NonRootClients=False`` condition (returns at once)."""
+        self._root.add(plan.claim.uid)
+        self._queue.put(plan)
+
+    def run(self, stop: threading.Event) -> None:
+        """Write queued claims one by one until ``stop`` is set (thread target). A claim whose
+        write fails unexpectedly (a bug, a claim of a shape never seen) is logged and counted
+        as failed; the thread goes on with the next one."""
+        while not stop.is_set():
+            try:
+                plan = self._queue.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            try:
+                self.write(plan, stop)
+            except Exception:
+                ref = plan.claim
+                log.exception(
+                    "claim device status write failed unexpectedly",
+                    claim_uid=ref.uid,
+                    namespace=ref.namespace,
+                    name=ref.name,
+                )
+                self.metrics.claim_status_writes.labels(result="failed").inc()
+
+    def write(self, plan: ClaimPlan, stop: threading.Event | None = None) -> str:
+        """Write one claim's device status now; returns the result counted: ``written``,
+        ``unchanged``, ``skipped`` or ``failed`` (each logged). Never raises for API errors."""
+        claim = plan.claim
+        bound = log.bind(claim_uid=claim.uid, namespace=claim.namespace, name=claim.name)
+        error: Exception | None = None
+        for attempt in range(self.attempts):
+            pause = self.backoff * 2 ** (attempt - 1)
+            if attempt and (stop or threading.Event()).wait(pause):
+                break
+            try:
+                result = self._write_once(plan, bound)
+            except (ApiException, HTTPError, OSError) as exc:
+                error = exc
+                if not _retryable(exc):
+                    break
+                continue
+            self.metrics.claim_status_writes.labels(result=result).inc()
+            return result
+        bound.warning(
+            "claim device status not written",
+            error=_describe(error) if error else "stopped",
+            attempts=self.attempts,
+        )
+        self.metrics.claim_status_writes.labels(result="failed").inc()
+        return "failed"
+
+    def _write_once(self, plan: ClaimPlan, bound: Any) -> str:
+        ref = plan.claim
+        try:
+            claim = self.api.read(ref.namespace, ref.name, self.timeout)
+        except ApiException as exc:
+            if exc.status == 404:
+                bound.info("claim gone before its device status was written")
+                return "skipped"
+            raise
+        uid = (claim.get("metadata") or {}).get("uid")
+        node = allocated_node(claim)
+        if uid != ref.uid or node != self.node:
+            bound.info(
+                "claim device status not written: not the claim prepared on this node",
+                claim_uid_now=uid,
+                allocated_node=node,
+            )
+            return "skipped"
+        entries = device_entries(
+            plan,
+            self.driver,
+            self.enforcement,
+            self.now(),
+            self.default_percentage,
+            runs_as_root=ref.uid in self._root,
+        )
+        if already_written(claim, entries):
+            return "unchanged"
+        started = time.perf_counter()
+        try:
+            self.api.replace(ref.namespace, ref.name, with_entries(claim, entries), self.timeout)
+        except ApiException as exc:
+            if exc.status == 404:
+                bound.info("claim deleted before its device status was written")
+                return "skipped"
+            raise
+        bound.info(
+            "claim device status written",
+            devices=[d.device for d in plan.devices],
+            seconds=round(time.perf_counter() - started, 3),
+        )
+        return "written"

@@ -1,0 +1,351 @@
+"""The node's claim preparation: Prepare and Unprepare, the effects around the pure claim plan
+(:mod:`dra_driver.model.plans`): API read, enforcement (:mod:`dra_driver.enforce`), CDI spec,
+checkpoint.
+
+Crash consistency: once :meth:`ClaimPreparation.start` has run after a kill at any instant,
+each claim is either prepared (checkpoint record, a CDI spec listing the recorded CDI devices,
+and its enforcement) or absent (none of them). The orders that make it so:
+
+- Prepare: plan -> enforcer.apply -> CDI spec write -> checkpoint save. Killed before the
+  save, a claim has no record, and start-up removes what it left.
+- Unprepare: checkpoint save without the records -> enforcer.release -> CDI spec removal.
+  Killed before the save, the claim is intact; after it, start-up removes what is left.
+- Start-up: the enforcer re-applies recorded claims and removes the enforcement of others
+  (``restore``); CDI specs without a record are removed; a recorded claim whose spec is
+  missing or lists other devices gets it rewritten.
+- Prepare of a recorded claim first re-creates what is missing (enforcement re-applied from
+  the recorded plan, CDI spec rewritten), then answers from the record.
+
+Time: each call has a budget (:mod:`dra_driver.infra.budget`, ``--call-budget``) shared by its
+claims. Claims are read from the API server first, in parallel, without the prepare lock (a
+hung read must not hold up other calls) and within half of the budget; the lock is then taken
+for the node-side work.
+A claim whose read, lock wait or MPS commands run out of the budget fails alone with a
+message saying so; the kubelet retries it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from dra_driver.config.caps import CapPolicy
+from dra_driver.enforce import FractionEnforcer
+from dra_driver.infra import budget
+from dra_driver.infra.atomicfile import remove_temp_files
+from dra_driver.infra.budget import (
+    DEFAULT_CALL_BUDGET_S,
+    STARTUP_BUDGET_S,
+    Budget,
+    check_started,
+)
+from dra_driver.infra.locking import PrepareLock
+from dra_driver.infra.metrics import Metrics
+from dra_driver.model.devices import FractionDevice
+from dra_driver.model.errors import CLAIM_ERRORS, PrepareError
+from dra_driver.model.ids import validate_uid
+from dra_driver.model.plans import ClaimPlan, ClaimRef, PreparedDevice, prepared_devices
+from dra_driver.prepare.callshell import run_call
+from dra_driver.prepare.cdispecs import CdiSpecs
+from dra_driver.prepare.checkpoint import Checkpoint, CheckpointCorrupt, ClaimRecord
+from dra_driver.prepare.claims import ClaimReader
+from dra_driver.prepare.devicenodes import check_device_nodes
+from dra_driver.prepare.overcommit import overcommit_error
+from dra_driver.prepare.plan import NO_NODE_CAPS, plan_claim
+from dra_driver.prepare.podclaims import PodClaims
+from dra_driver.prepare.reads import ClaimReads, UnpreparedLog, unread_error
+from dra_driver.prepare.unpreparation import Unpreparation
+
+log = structlog.get_logger(__name__)
+
+CLAIM_READ_SHARE = 0.5
+"""Part of a call's budget its claim reads may take; the rest is kept for the node-side work
+of the claims that were read (so hung reads cannot starve the good claims of a batch)."""
+
+__all__ = ["ClaimPreparation", "PrepareOutcome", "PreparedDevice"]
+
+
+@dataclass(frozen=True)
+class PrepareOutcome:
+    """Per-claim result: the devices, or an error message for the kubelet (never both)."""
+
+    devices: tuple[PreparedDevice, ...] = ()
+    error: str = ""
+
+
+class ClaimPreparation:
+    """The node-side driver: serialized, idempotent Prepare/Unprepare of claims.
+
+    Args:
+        driver_name: our DRA driver name (also the CDI vendor).
+        pool: this node's pool name (the node name).
+        reader: reads ResourceClaims from the API server.
+        devices: returns the node's current fraction devices by name.
+        enforcer: applies MPS ceilings/compute mode.
+        cdi_root: CDI spec directory (``/var/run/cdi``).
+        state_dir: holds ``checkpoint.json``.
+        lock: the Prepare/Unprepare lock shared with other plugin instances.
+        boot_id: the node's boot ID (a different one resets the checkpoint).
+        device_root: host directory holding the ``dev/nvidia*`` nodes that CDI specs name
+            (``/`` on a real node; a simulated node's simulation root).
+        call_budget: seconds each Prepare/Unprepare call may take, shared by its claims
+            (below the kubelet's 45 s; ``--call-budget``).
+        startup_budget: seconds :meth:`start` may spend re-applying enforcement; claims not
+            restored by then stay pending and the enforcer's health checks retry them.
+        device_root_view: where the plugin sees ``device_root`` to check that the nodes exist
+            (:mod:`dra_driver.prepare.devicenodes`); default ``device_root`` itself.
+        on_prepared: called with the plan of each claim once it is prepared and recorded, and
+            of each recorded claim at :meth:`start` (the claim status writer's ``submit``);
+            it must return at once.
+        caps: the node's caps on what claims may ask and its default SM ceiling
+            (:class:`~dra_driver.config.caps.CapPolicy`).
+    """
+
+    def __init__(
+        self,
+        *,
+        driver_name: str,
+        pool: str,
+        reader: ClaimReader,
+        devices: Callable[[], Mapping[str, FractionDevice]],
+        enforcer: FractionEnforcer,
+        cdi_root: str | Path,
+        state_dir: str | Path,
+        lock: PrepareLock,
+        boot_id: str,
+        metrics: Metrics | None = None,
+        device_root: str | Path = "/",
+        call_budget: float = DEFAULT_CALL_BUDGET_S,
+        startup_budget: float = STARTUP_BUDGET_S,
+        device_root_view: str | Path | None = None,
+        on_prepared: Callable[[ClaimPlan], None] | None = None,
+        caps: CapPolicy = NO_NODE_CAPS,
+    ) -> None:
+        self.driver_name = driver_name
+        self.pool = pool
+        self.reader = reader
+        self.devices = devices
+        self.enforcer = enforcer
+        self.cdi = CdiSpecs(Path(cdi_root), driver_name, Path(device_root))
+        self.device_root_view = Path(device_root_view or device_root)
+        self.lock = lock
+        self.checkpoint = Checkpoint(state_dir, boot_id)
+        self.metrics = metrics or Metrics()
+        self.call_budget = call_budget
+        self.startup_budget = startup_budget
+        self._reads = ClaimReads(lambda: self.reader)
+        self.pod_claims = PodClaims()
+        self.on_prepared = on_prepared or (lambda plan: None)
+        self.caps = caps
+        self.unprepared_here = UnpreparedLog()
+
+    def start(self) -> None:
+        """Load the checkpoint and reconcile records, enforcement and CDI specs both ways:
+        prepared claims are re-applied (and their missing specs rewritten), enforcement and
+        CDI specs of claims without a record are removed.
+
+        A corrupt checkpoint is logged as an error and kept aside; enforcement is then left
+        as it is (no restore, which would tear down the namespaces of running claims) and
+        the sweep is skipped, so running containers keep their CDI specs and MPS settings.
+        """
+        with self.lock.held():
+            remove_temp_files(self.cdi.root, self.checkpoint.path.parent)
+            try:
+                same_boot = self.checkpoint.load()
+                if not same_boot:
+                    log.warning(
+                        "checkpoint from an earlier boot discarded", path=str(self.checkpoint.path)
+                    )
+            except CheckpointCorrupt as exc:
+                self.metrics.errors.labels(operation="checkpoint").inc()
+                log.error(
+                    "checkpoint corrupt; starting with no prepared claims and leaving existing "
+                    "CDI specs and MPS state in place (unprepare still removes them by claim UID)",
+                    error=str(exc),
+                )
+                self.checkpoint.remember_file()
+                return
+            self.checkpoint.remember_file()
+            with budget.within(Budget.of(self.startup_budget)):
+                self.enforcer.restore(self.prepared_plans())
+                self._sweep()
+                self._rewrite_missing_specs()
+            for plan in self.prepared_plans():
+                self.on_prepared(plan)
+
+    def _sweep(self) -> None:
+        known = set(self.checkpoint.claims)
+        for uid in sorted(self.cdi.claim_uids() - known):
+            try:
+                validate_uid(uid)
+            except PrepareError:
+                continue
+            self.cdi.remove(uid)
+            self.enforcer.release(uid)
+            log.info("removed orphaned CDI spec", claim_uid=uid)
+
+    def _rewrite_missing_specs(self) -> None:
+        """Rewrite the spec of every recorded claim whose spec is missing or lists other
+        devices (an older version's killed Unprepare removed it before the record); a claim
+        that fails stays recorded, and the kubelet's next Prepare retries it."""
+        for uid in sorted(self.checkpoint.claims):
+            record = self.checkpoint.claims[uid]
+            if not self.cdi.lists(uid, record.devices):
+                try:
+                    self._answer_from_record(record)
+                except CLAIM_ERRORS as exc:
+                    log.warning("recorded claim not restored", claim_uid=uid, error=str(exc))
+
+    def _answer_from_record(self, record: ClaimRecord) -> tuple[PreparedDevice, ...]:
+        """The recorded answer, after re-creating the claim's enforcement and CDI spec from
+        the recorded plan if either is missing.
+
+        Raises:
+            MpsError, CdiError, OSError: when they cannot be re-created (the record stays, so
+                the kubelet's retry tries again).
+        """
+        plan = record.plan
+        if not (self.cdi.lists(plan.claim.uid, record.devices) and self.enforcer.enforced(plan)):
+            self.cdi.write(plan, self.enforcer.apply(plan))
+            log.warning(
+                "re-created the enforcement and CDI spec of a prepared claim",
+                claim_uid=plan.claim.uid,
+                namespace=plan.claim.namespace,
+                name=plan.claim.name,
+            )
+        return record.devices
+
+    def prepare(self, refs: Iterable[ClaimRef]) -> dict[str, PrepareOutcome]:
+        """Prepare each claim; each one fails alone (:func:`~dra_driver.prepare.callshell.
+        run_call`). Returns outcomes keyed by claim UID; a claim listed twice is prepared once.
+        """
+        results = run_call("prepare", refs, self.call_budget, self.metrics, self._prepare_call)
+        return {
+            uid: PrepareOutcome(error=r) if isinstance(r, str) else PrepareOutcome(devices=r)
+            for uid, r in results.items()
+        }
+
+    def _prepare_call(
+        self, refs: list[ClaimRef], call: Budget
+    ) -> dict[str, tuple[PreparedDevice, ...] | Exception]:
+        """The claims of one Prepare call: per claim UID its reply rows or why it failed.
+
+        A claim recorded when the call came is answered from its record (re-created if need
+        be), without the API server. The others are read first, in parallel, outside the
+        prepare lock (a hung read must not hold up other calls) and within
+        :data:`CLAIM_READ_SHARE` of the budget; under the lock each is then prepared
+        (:meth:`_prepare_claim`) and the new records saved in one checkpoint write.
+
+        Raises:
+            LockTimeout: the lock was not obtained within the call's budget.
+        """
+        since = time.monotonic()
+        reading = Budget.of(call.seconds * CLAIM_READ_SHARE)
+        unknown = [r for r in refs if r.uid not in self.checkpoint.claims]
+        reads = self._reads.read_all(unknown, reading, call)
+        results: dict[str, tuple[PreparedDevice, ...] | Exception] = {}
+        with budget.within(call), self.lock.held(timeout=call.remaining()):
+            self.checkpoint.reload_if_changed()
+            fresh = []
+            for ref in refs:
+                record = self.checkpoint.claims.get(ref.uid)
+                try:
+                    if record is not None:
+                        results[ref.uid] = self._answer_from_record(record)
+                    elif ref.uid not in reads:  # recorded when the call came, unprepared since
+                        here = self.unprepared_here.since(ref.uid, since)
+                        results[ref.uid] = unread_error(ref, here)
+                    elif isinstance(read := reads[ref.uid], Exception):
+                        results[ref.uid] = read
+                    else:
+                        check_started(call, "preparing", f"{ref.namespace}/{ref.name}")
+                        results[ref.uid] = self._prepare_claim(ref, read)
+                        fresh.append(ref.uid)
+                except Exception as exc:  # this claim fails alone (run_call says why)
+                    results[ref.uid] = exc
+            self._record(fresh, results)
+        return results
+
+    def _prepare_claim(self, ref: ClaimRef, claim: Mapping[str, Any]) -> tuple[PreparedDevice, ...]:
+        """Prepare one claim as read: plan, over-commit check, device nodes, enforcement, CDI
+        spec, in-memory record (saved by :meth:`_record`). Returns its reply rows.
+
+        Raises:
+            PrepareError, MpsError, OSError: the claim is not prepared (nothing of it is left).
+        """
+        plan = plan_claim(ref, claim, self.driver_name, self.pool, self.devices(), self.caps)
+        others = (r.plan for uid, r in self.checkpoint.claims.items() if uid != ref.uid)
+        problem = overcommit_error(plan, others)
+        if problem:
+            raise PrepareError(f"not prepared: {problem}")
+        check_device_nodes(self.device_root_view, plan)
+        edits = self.enforcer.apply(plan)
+        try:
+            devices = prepared_devices(plan, self.cdi.write(plan, edits))
+        except OSError as exc:
+            self.enforcer.release(ref.uid)
+            raise PrepareError(f"writing the CDI spec under {self.cdi.root} failed: {exc}") from exc
+        except BaseException:
+            self.enforcer.release(ref.uid)
+            raise
+        self.checkpoint.claims[ref.uid] = ClaimRecord(ref.namespace, ref.name, devices, plan)
+        self.pod_claims.add(claim, plan)
+        log.info("claim prepared", claim_uid=ref.uid, namespace=ref.namespace, name=ref.name,
+                 devices=[d.device for d in devices])  # fmt: skip
+        return devices
+
+    def _record(
+        self, fresh: list[str], results: dict[str, tuple[PreparedDevice, ...] | Exception]
+    ) -> None:
+        """Save the newly prepared claims' records in one checkpoint write; if it fails, undo
+        them (they fail, and the kubelet retries), else report them (``on_prepared``)."""
+        if not fresh:
+            return
+        try:
+            self.checkpoint.save()
+        except OSError as exc:
+            for uid in fresh:
+                self._undo(uid)
+                results[uid] = PrepareError(
+                    f"checkpoint write to {self.checkpoint.path} failed: {exc}"
+                )
+            return
+        for uid in fresh:
+            self.on_prepared(self.checkpoint.claims[uid].plan)
+
+    def _undo(self, uid: str) -> None:
+        self.checkpoint.claims.pop(uid, None)
+        self.pod_claims.forget(uid)
+        self.cdi.remove(uid)
+        self.enforcer.release(uid)
+
+    def unprepare(self, refs: Iterable[ClaimRef]) -> dict[str, str]:
+        """Unprepare each claim (unknown claims succeed); returns error text by UID ("" = ok).
+        See :class:`~dra_driver.prepare.unpreparation.Unpreparation`."""
+        work = Unpreparation(
+            self.lock,
+            self.checkpoint,
+            self.enforcer,
+            self.cdi,
+            self.pod_claims,
+            self.unprepared_here,
+        )
+        results = run_call("unprepare", refs, self.call_budget, self.metrics, work.call)
+        return {uid: r or "" for uid, r in results.items()}
+
+    def prepared_plans(self) -> list[ClaimPlan]:
+        """Plans of every prepared claim (for metrics and health); safe without the lock.
+
+        ``list(dict.values())`` copies in one step under the GIL, and Prepare/Unprepare only
+        add or remove whole records, so the snapshot is consistent.
+        """
+        return [r.plan for r in list(self.checkpoint.claims.values())]
+
+    def close(self) -> None:
+        """Stop the claim-reader threads."""
+        self._reads.close()
