@@ -3,8 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-PY_SOURCES := dra_driver tests benchmarks hack/demo hack/gpu-check hack/local-cluster hack/local-node \
-	hack/local_install.py hack/build-image
+PY_SOURCES := dra_driver devtools tests benchmarks hack/demo hack/gpu-check hack/local-cluster \
+	hack/local-node hack/build-image
 
 .PHONY: demo test unit integration lint e2e bench proto image clean
 
@@ -38,11 +38,6 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check $(PY_SOURCES)
 	$(VENV)/bin/ruff format --check $(PY_SOURCES)
 	$(VENV)/bin/mypy
-	$(VENV)/bin/mypy --strict --scripts-are-modules hack/gpu-check
-	$(VENV)/bin/mypy --strict --scripts-are-modules hack/local-cluster
-	$(VENV)/bin/mypy --strict --scripts-are-modules hack/local-node
-	$(VENV)/bin/mypy --strict hack/local_install.py
-	$(VENV)/bin/mypy --strict --scripts-are-modules hack/build-image
 
 # unit: in-process tests (pure code, gRPC over unix sockets, fakes), under 30 s warm.
 unit: $(STAMP)

@@ -37,13 +37,14 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from devtools import localinstall
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.config.node import NodeConfig, default_node_config
 from dra_driver.gpus import SimulatedGpuSource
 from dra_driver.mpsemu.probe import parse_line
 from dra_driver.publish.slices import build_slices
-from hack import local_install
 from tests.support.cdischema import validator as cdi_validator
+from tests.support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL_NODE = REPO / "hack" / "local-node"
@@ -61,7 +62,7 @@ CLASS_LIMITS: dict[str, dict[str, Any]] = {
     "gpu-eighth-sm-sharing": {"maxActiveThreadPercentage": 25},
 }
 WORKLOAD_IMAGE = "localhost/busybox:1.35.0"
-TENANT_IMAGE = local_install.image_ref("tenant")
+TENANT_IMAGE = localinstall.image_ref("tenant")
 """The simulated tenant's image (hack/build-image tenant): busybox, python3 and tenant-probe."""
 GPUS = "simulated:H200x12"
 NODE_CONFIG: dict[str, Any] = {
@@ -95,22 +96,6 @@ while :; do sleep 1; done
 PROBE_SCRIPT = VIEW_SCRIPT.split("trap ", 1)[0] + "exec tenant-probe\n"
 """:data:`VIEW_SCRIPT` in the tenant image, then the tenant probe (it attaches to the claim's
 MPS namespace as a CUDA client would, reports what it got once a second; SIGTERM ends it)."""
-
-
-def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 30.0, every: float = 0.2) -> T:
-    """Poll ``fn`` until it returns a truthy value; fail with ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while True:
-        try:
-            value = fn()
-        except ApiException as exc:
-            value, last = None, f"{exc.status} {exc.reason}"
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last})")
-        time.sleep(every)
 
 
 def raw(resp: Any) -> dict[str, Any]:
@@ -193,7 +178,7 @@ class GpuNode:
 
     def container_log(self, namespace: str, pod: str, container: str) -> str:
         """The container's output as the kubelet logged it."""
-        return "\n".join(local_install.container_log(self.root, namespace, pod, container))
+        return "\n".join(localinstall.container_log(self.root, namespace, pod, container))
 
     def plugin_pids(self) -> list[int]:
         """PIDs of the plugin processes serving this node (hostPID: visible here)."""
@@ -253,11 +238,11 @@ def kube(control_plane: Any) -> k8s.ApiClient:
 
 def driver_values(control_plane: Any) -> dict[str, Any]:
     """Chart values of the session's install: the local cluster's (image, API server address,
-    host network, no metrics ports; see hack/local_install.py), simulated GPUs laid out by
+    host network, no metrics ports; see hack/localinstall.py), simulated GPUs laid out by
     :data:`NODE_CONFIG`, and only the e2e nodes (the plain manifests that test_e2e_install
     applies must not land there)."""
     return {
-        **local_install.local_values(control_plane.state_dir),
+        **localinstall.local_values(control_plane.state_dir),
         "gpus": GPUS,
         "nodeConfig": NODE_CONFIG,
         "logLevel": "debug",
@@ -279,7 +264,7 @@ def driver_values(control_plane: Any) -> dict[str, Any]:
 
 def helm(control_plane: Any, *args: str) -> str:
     try:
-        return local_install.helm(control_plane.kubeconfig, *args).stdout
+        return localinstall.helm(control_plane.kubeconfig, *args).stdout
     except RuntimeError as exc:
         pytest.fail(str(exc))
 
@@ -302,7 +287,7 @@ class Driver:
         """``helm upgrade`` with changed values (waits for nothing)."""
         values = {**yaml.safe_load(self.values_file.read_text()), **overrides}
         self.values_file.write_text(yaml.safe_dump(values))
-        helm(self.control_plane, "upgrade", RELEASE, str(local_install.CHART), "-n",
+        helm(self.control_plane, "upgrade", RELEASE, str(localinstall.CHART), "-n",
              RELEASE_NAMESPACE, "-f", str(self.values_file))  # fmt: skip
 
     def plugin_pods(
@@ -398,7 +383,7 @@ def driver(
     values_file = tmp_path_factory.mktemp("helm") / "values.yaml"
     values_file.write_text(yaml.safe_dump(driver_values(control_plane)))
     try:
-        local_install.install(control_plane.kubeconfig, RELEASE, RELEASE_NAMESPACE, values_file)
+        localinstall.install(control_plane.kubeconfig, RELEASE, RELEASE_NAMESPACE, values_file)
     except RuntimeError as exc:
         pytest.fail(str(exc))
     drv = Driver(control_plane, kube, values_file, nodes)

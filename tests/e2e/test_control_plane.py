@@ -5,36 +5,21 @@ are on what the Kubernetes components did."""
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from tests.support.waiting import wait_for
+
 pytestmark = pytest.mark.e2e
 
 DRIVER = "gpu.example.com"
 T = TypeVar("T")
 M = TypeVar("M")
-
-
-def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 60.0) -> T:
-    """Poll fn until it returns a truthy value; fail with `what` after timeout."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        try:
-            value = fn()
-        except ApiException as e:
-            value, last = None, f"{e.status} {e.reason}"
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last})")
-        time.sleep(0.25)
 
 
 def suffix() -> str:
@@ -217,7 +202,9 @@ def test_dra_claim_allocated_from_shared_counters(api: client.ApiClient, namespa
             name: str | None = spec.get("nodeName")
             return name
 
-        bound = wait_for("pod 'first' to be bound by kube-scheduler", lambda: node_of("first"))
+        bound = wait_for(
+            "pod 'first' to be bound by kube-scheduler", lambda: node_of("first"), timeout=60
+        )
         assert bound == node
 
         p = as_dict(api, core.read_namespaced_pod("first", namespace))
@@ -258,7 +245,7 @@ def test_dra_claim_allocated_from_shared_counters(api: client.ApiClient, namespa
                 None,
             )
 
-        cond = wait_for("pod 'second' to be reported Unschedulable", unschedulable)
+        cond = wait_for("pod 'second' to be reported Unschedulable", unschedulable, timeout=60)
         assert "node" in cond.get("message", "")
         assert node_of("second") is None
     finally:
@@ -323,7 +310,7 @@ def test_resource_quota_limits_deviceclass_devices(api: client.ApiClient, namesp
         body = str(err.value.body)
         assert "exceeded quota: gpus" in body
         assert quota_key in body
-        assert wait_for("quota usage", lambda: quota("used")) == "1"
+        assert wait_for("quota usage", lambda: quota("used"), timeout=60) == "1"
         names = [
             c["metadata"]["name"]
             for c in as_dict(api, res.list_namespaced_resource_claim(namespace))["items"]

@@ -31,6 +31,8 @@ import yaml
 from kubernetes import client, dynamic
 from kubernetes.client.exceptions import ApiException
 
+from tests.support.waiting import wait_for
+
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,17 +113,6 @@ def rejected(fn: Callable[[], Any]) -> ApiException:
     except ApiException as exc:
         return exc
     pytest.fail("the API server accepted a request it should have rejected", pytrace=True)
-
-
-def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 60.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.25)
 
 
 def expected_message(path: Path) -> str:
@@ -296,7 +287,7 @@ def _wait_params_policy(admin: Any, namespace: str) -> None:
         delete(admin, bad, namespace)
         return False
 
-    wait_for(f"{PARAMS_POLICY} to enforce", enforced)
+    wait_for(f"{PARAMS_POLICY} to enforce", enforced, timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -322,7 +313,7 @@ def slice_policy_enforced(admin: Any, plugin_on: Callable[[str | None], Any]) ->
         _slices(admin).delete(name=probe["metadata"]["name"])
         return False
 
-    wait_for(f"{SLICE_POLICY} to enforce", enforced)
+    wait_for(f"{SLICE_POLICY} to enforce", enforced, timeout=60)
 
 
 # --- install ----------------------------------------------------------------------------------
@@ -519,6 +510,7 @@ def test_valid_examples_are_admitted(admin: Any, examples_ns: str, installed: An
             lambda: (
                 pods.get(name="notebook", namespace=examples_ns).to_dict().get("status") or {}
             ).get("resourceClaimStatuses"),
+            timeout=60,
         )
         (entry,) = status
         claims = admin.resources.get(api_version="resource.k8s.io/v1", kind="ResourceClaim")

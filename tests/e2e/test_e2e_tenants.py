@@ -22,9 +22,9 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from devtools import localinstall
 from dra_driver.config.node import GpuConfig, NodeConfig
 from dra_driver.publish.sizing import SCHEDULER_USER, sizing_policy
-from hack import local_install
 
 pytest.register_assert_rewrite("plugin_fixtures")
 from plugin_fixtures import (  # noqa: E402
@@ -181,9 +181,9 @@ def token_client(e2e: E2E, namespace: str, sa: str) -> k8s.ApiClient:
 
 def chart_quota(e2e: E2E, namespace: str, grants: dict[str, int]) -> dict[str, Any]:
     """The ResourceQuota the session's chart renders for ``tenants.namespaces``."""
-    rendered = local_install.helm(
+    rendered = localinstall.helm(
         e2e.driver.control_plane.kubeconfig,
-        "template", RELEASE, str(local_install.CHART), "-n", RELEASE_NAMESPACE,
+        "template", RELEASE, str(localinstall.CHART), "-n", RELEASE_NAMESPACE,
         "-f", str(e2e.driver.values_file),
         "--set-json", f"tenants.namespaces={json.dumps({namespace: grants})}",
         "--show-only", "templates/tenants.yaml",

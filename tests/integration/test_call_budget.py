@@ -29,6 +29,7 @@ from dra_driver.prepare.preparation import ClaimPreparation
 from tests.support import claimfactory as cf
 from tests.support.fakes.mps_control import FakeMpsControl, FakeNvml
 from tests.support.node import NODE, Node
+from tests.support.waiting import wait_for
 
 
 def ref(claim: dict[str, Any]) -> ClaimRef:
@@ -46,13 +47,6 @@ def read_timeout(claim: dict[str, Any], seconds: str) -> str:
         f"reading ResourceClaim {m['namespace']}/{m['name']} from the API server did not "
         f"finish within {seconds} s"
     )
-
-
-def wait_for(condition: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)
 
 
 # --- item 6: a hung API server ----------------------------------------------------------------
@@ -102,7 +96,7 @@ def test_the_prepare_lock_is_not_held_while_a_claim_is_read(node: Node) -> None:
     results: dict[str, Any] = {}
     first = threading.Thread(target=lambda: results.update(driver.prepare([ref(hung)])))
     first.start()
-    wait_for(lambda: node.claims.hanging == 1)
+    wait_for("the first read to hang", lambda: node.claims.hanging == 1, timeout=5.0, every=0.01)
     started = time.monotonic()
     out = driver.prepare([ref(other)])
     took = time.monotonic() - started

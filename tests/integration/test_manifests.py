@@ -995,7 +995,8 @@ def test_dockerignore_keeps_the_context_small() -> None:
         "!pyproject.toml",
         "!requirements-image.txt",
         "!hack/build-image",
-        "!hack/image-packages.txt",
+        "!devtools/buildimage.py",
+        "!devtools/image-packages.txt",
         "!dra_driver",
     } <= set(lines)
     assert "**/__pycache__" in lines

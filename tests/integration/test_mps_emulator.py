@@ -112,7 +112,7 @@ def test_control_program_starts_answers_and_quits(root: Path) -> None:
 
     assert emu(root, "-q")[0] == 0
     assert not (pipe / "control").exists() and not (pipe / "nvidia-cuda-mps-control.pid").exists()
-    wait_for(lambda: not alive(pid) and not alive(server), 10, "daemon and server to exit")
+    wait_for("daemon and server to exit", lambda: not alive(pid) and not alive(server), 10)
     assert emu(root, "-q") == (1, "", "Cannot find MPS control daemon process\n")
 
 
@@ -150,7 +150,7 @@ def test_driver_daemon_control_probe_and_crash(root: Path) -> None:
     os.kill(old, signal.SIGKILL)
     lost = tenant.wait_line(lambda f: f.get("state") == "lost", 5, after=seen)
     assert lost["server_pid"] == row.pid
-    wait_for(lambda: not alive(int(row.pid)), 5, "the server to exit with its daemon")
+    wait_for("the server to exit with its daemon", lambda: not alive(int(row.pid)), 5)
     assert is_socket(daemon.pipe_dir / "control")  # stale, as a crashed daemon leaves it
     assert (ns_dir / "control").exists()
     assert not daemon.alive()
@@ -177,7 +177,7 @@ def test_terminated_client_and_invisible_gpu(root: Path) -> None:
     assert gone["state"] == "terminated" and str(tenant.pid) in gone["reason"]
 
     ctl.server_create("gpu_1", [GPU_B])  # accepted, then gone: MPS cannot see GPU_B
-    wait_for(lambda: [r.name for r in ctl.server_list()] == ["gpu_0"], 10, "gpu_1 to vanish")
+    wait_for("gpu_1 to vanish", lambda: [r.name for r in ctl.server_list()] == ["gpu_0"], 10)
     assert "no CUDA-capable device is detected" in daemon.server_log_tail("gpu_1")
     assert tenant.stop() == 0
     daemon.stop()
@@ -200,7 +200,7 @@ def test_foreground_daemon_reads_stdin_and_sigterm_quits(root: Path) -> None:
         text=True,
     )
     try:
-        wait_for(lambda: is_socket(pipe / "control"), 10, "the foreground daemon's socket")
+        wait_for("the foreground daemon's socket", lambda: is_socket(pipe / "control"), 10)
         assert emu(root, "server", "create", "gpu_0")[0] == 0  # a client meanwhile
         out, err = fg.communicate("server list --format=csv,noheader\nnamespace bogus\n", 20)
     finally:
@@ -209,11 +209,11 @@ def test_foreground_daemon_reads_stdin_and_sigterm_quits(root: Path) -> None:
     assert fg.returncode == 0 and out.startswith("gpu_0,0,")  # EOF on stdin: quit
     assert "Unknown command: namespace bogus" in err
     server = int(out.split(",")[2])
-    wait_for(lambda: not alive(server), 5, "the server to end with its daemon")
+    wait_for("the server to end with its daemon", lambda: not alive(server), 5)
     assert not (pipe / "control").exists()
 
     assert emu(root, "-d")[0] == 0
     pid = daemon_pid(pipe)
     os.kill(pid, signal.SIGTERM)
-    wait_for(lambda: not alive(pid), 5, "the daemon to quit on SIGTERM")
+    wait_for("the daemon to quit on SIGTERM", lambda: not alive(pid), 5)
     assert not (pipe / "control").exists() and not (pipe / "nvidia-cuda-mps-control.pid").exists()

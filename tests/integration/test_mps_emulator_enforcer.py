@@ -78,5 +78,5 @@ def test_claim_reaches_tenant_survives_daemon_crash_and_is_released(
     tenant.wait_line(lambda f: f.get("state") == "terminated", 5, after=seen)
     assert not pipe.exists()
     server = int(again["server_pid"])
-    wait_for(lambda: not alive(server), 5, "the server to exit")
+    wait_for("the server to exit", lambda: not alive(server), 5)
     assert tenant.stop() == 0

@@ -81,7 +81,7 @@ def enforcer(root: Path) -> MpsEnforcer:
 
 def test_the_service_outlives_its_client_and_its_daemons(root: Path) -> None:
     service = start_service(root)
-    first_state = wait_for(lambda: ready(root), 30, "the service's daemons")
+    first_state = wait_for("the service's daemons", lambda: ready(root), 30)
     gpu0 = SimulatedGpuSource(GPUS, seed=NODE).discover().gpus[0]
     claim = plan(device(gpu0, 10 * GIB, 10 * GIB), uid=UID_A)
 
@@ -97,7 +97,7 @@ def test_the_service_outlives_its_client_and_its_daemons(root: Path) -> None:
     plugin = enforcer(root)
     plugin.restore([claim])
     assert plugin.check_health()[gpu0.uuid].healthy
-    wait_for(lambda: len(tenant.lines) >= seen + 2, 10, "two more probe lines")
+    wait_for("two more probe lines", lambda: len(tenant.lines) >= seen + 2, 10)
     assert all(f.get("server_pid") == first["server_pid"] for f in tenant.lines[seen:])
 
     # the service restarts a daemon that dies; the health check re-applies the claim
@@ -106,12 +106,12 @@ def test_the_service_outlives_its_client_and_its_daemons(root: Path) -> None:
     os.kill(daemon.pid, signal.SIGKILL)
     tenant.wait_line(lambda f: f.get("state") == "lost", 10, after=seen)
     after = wait_for(
+        "the daemon restarted by the service",
         lambda: ready(root, generation_above=int(str(first_state["generation"]))),
         30,
-        "the daemon restarted by the service",
     )
     assert after["daemons"]["time-slicing"]["restarts"] == 1  # type: ignore[index]
-    wait_for(lambda: plugin.check_health()[gpu0.uuid].healthy, 20, "the claim re-applied")
+    wait_for("the claim re-applied", lambda: plugin.check_health()[gpu0.uuid].healthy, 20)
     again = tenant.wait_line(
         lambda f: f.get("state") == "connected" and f.get("server_pid") != first["server_pid"],
         15,
@@ -125,7 +125,7 @@ def test_the_service_outlives_its_client_and_its_daemons(root: Path) -> None:
     assert service.wait(timeout=30) == 0
     assert read_state(state_path(root / "run/mps")).stopping
     server = int(again["server_pid"])
-    wait_for(lambda: not alive(server), 10, "the servers to end")
+    wait_for("the servers to end", lambda: not alive(server), 10)
     health = plugin.check_health()
     assert len(health) == 2 and not any(h.healthy for h in health.values())
     assert all("MPS service not ready" in h.detail for h in health.values())
@@ -135,8 +135,8 @@ def test_the_service_outlives_its_client_and_its_daemons(root: Path) -> None:
 
     # back: the GPUs recover by themselves, and the tenant gets its limits again
     service = start_service(root)
-    wait_for(lambda: ready(root), 30, "the new service's daemons")
-    wait_for(lambda: all(h.healthy for h in plugin.check_health().values()), 20, "healthy GPUs")
+    wait_for("the new service's daemons", lambda: ready(root), 30)
+    wait_for("healthy GPUs", lambda: all(h.healthy for h in plugin.check_health().values()), 20)
     tenant.wait_line(
         lambda f: f.get("state") == "connected" and f.get("server_pid") != again["server_pid"],
         15,

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,23 +26,13 @@ from dra_driver.gpus import SimulatedGpuSource
 from dra_driver.publish.deviceclasses import build_device_classes
 from dra_driver.publish.sizing import sizing_policy
 from dra_driver.publish.slices import build_slices
+from tests.support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 STATE = Path(os.environ.get("OCCUPANCY_CLUSTER_DIR", "/tmp/occ-cluster"))
 NODE = "occ-node"
 NS = "occ"
 T = TypeVar("T")
-
-
-def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 90.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.3)
 
 
 def local_cluster(cmd: str) -> subprocess.CompletedProcess[str]:
@@ -125,7 +115,9 @@ def install(api: k8s.ApiClient) -> None:
         create(api, obj)
     create(api, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
     core = k8s.CoreV1Api(api)
-    wait_for("ServiceAccount default", lambda: core.list_namespaced_service_account(NS).items)
+    wait_for(
+        "ServiceAccount default", lambda: core.list_namespaced_service_account(NS).items, timeout=90
+    )
     probe = template("probe", "gpu-quarter", 0)["spec"]
     probe_claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", **probe}
     probe_claim["metadata"] = {"name": "probe"}
@@ -137,7 +129,7 @@ def install(api: k8s.ApiClient) -> None:
         request = json.loads(made.data)["spec"]["devices"]["requests"][0]["exactly"]
         return "capacity" in request
 
-    wait_for("the sizing policy to write slots", sized)
+    wait_for("the sizing policy to write slots", sized, timeout=90)
 
 
 def occupancy(*args: str) -> str:
@@ -168,14 +160,14 @@ def test_occupancy_of_scheduled_and_pending_pods(api: k8s.ApiClient) -> None:
 
     for name in ("half", "quarter", "eighth-sm"):
         create(api, pod(f"pod-{name}", name), NS)
-        wait_for(f"pod-{name} bound", lambda n=name: bound(f"pod-{n}"))  # type: ignore[misc]
+        wait_for(f"pod-{name} bound", lambda n=name: bound(f"pod-{n}"), timeout=90)  # type: ignore[misc]
     create(api, pod("pod-full", "full"), NS)
 
     def unschedulable() -> bool:
         conditions = core.read_namespaced_pod("pod-full", NS).status.conditions or []
         return any(c.type == "PodScheduled" and c.status == "False" for c in conditions)
 
-    wait_for("pod-full Unschedulable", unschedulable)
+    wait_for("pod-full Unschedulable", unschedulable, timeout=90)
 
     text = occupancy()
     print(text)

@@ -9,27 +9,15 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TypeVar
 
 from dra_driver.mpsemu import probe
+from tests.support.waiting import wait_for
 
 T = TypeVar("T")
-
-
-def wait_for(check: Callable[[], T | None], timeout: float, what: str) -> T:
-    """Poll ``check`` every 50 ms until it returns something truthy; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def alive(pid: int) -> bool:
@@ -67,7 +55,7 @@ def private_root() -> Iterator[Path]:
         for pid in processes_mentioning(str(root)):
             with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: not processes_mentioning(str(root)), 10, "test processes to end")
+        wait_for("test processes to end", lambda: not processes_mentioning(str(root)), 10)
         subprocess.run(["rm", "-rf", str(root)], check=False)
 
 
@@ -107,9 +95,9 @@ class Probe:
     ) -> dict[str, str]:
         """The first line from index ``after`` on that matches ``predicate``."""
         return wait_for(
+            f"a matching probe line; got {self.raw[after:]}",
             lambda: next((f for f in self.lines[after:] if predicate(f)), None),
             timeout,
-            f"a matching probe line; got {self.raw[after:]}",
         )
 
     def stop(self) -> int:

@@ -3,8 +3,6 @@ per-device memory capacity that shared products devices no longer have) and of t
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -12,20 +10,16 @@ from types import ModuleType
 
 import yaml
 
+from devtools import demo
 from dra_driver.config.load import parse_node_config
 from dra_driver.gpus import SimulatedGpuSource
 from dra_driver.publish.slices import build_slices
 
-DEMO = Path(__file__).resolve().parents[3] / "hack" / "demo"
+DEMO = Path(__file__).resolve().parents[3] / "devtools" / "demo.py"
 
 
 def _demo() -> ModuleType:
-    loader = importlib.machinery.SourceFileLoader("hack_demo", str(DEMO))
-    spec = importlib.util.spec_from_loader("hack_demo", loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    return demo
 
 
 def _devices(config: dict[str, object] | None) -> list[dict[str, object]]:

@@ -1,7 +1,7 @@
 """Container images built by ``hack/build-image`` (``make image``).
 
 Unit tier (fast, no network): the pins (requirements-image.txt against pyproject.toml,
-hack/image-packages.txt), the Dockerfile's image configuration against the script's, and the
+devtools/image-packages.txt), the Dockerfile's image configuration against the script's, and the
 layer and OCI archive writer on tiny trees: sorted, normalized, reproducible, every digest and
 size right.
 
@@ -17,8 +17,6 @@ from __future__ import annotations
 import contextlib
 import gzip
 import hashlib
-import importlib.machinery
-import importlib.util
 import io
 import json
 import os
@@ -31,13 +29,13 @@ import tarfile
 import time
 import tomllib
 import zipfile
-from functools import cache
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
+from devtools import buildimage
 from tests.support.paths import REPO
 
 ROOT = REPO
@@ -45,16 +43,9 @@ SCRIPT = ROOT / "hack" / "build-image"
 OUT = ROOT / "build" / "images"
 
 
-@cache
 def bi() -> ModuleType:
-    """hack/build-image as a module."""
-    loader = importlib.machinery.SourceFileLoader("build_image", str(SCRIPT))
-    spec = importlib.util.spec_from_loader("build_image", loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["build_image"] = module  # dataclasses look their module up
-    loader.exec_module(module)
-    return module
+    """devtools.buildimage (hack/build-image's module)."""
+    return buildimage
 
 
 def sha256(data: bytes) -> str:
@@ -134,7 +125,7 @@ def test_lock_direct_pins_equal_pyproject() -> None:
 
 
 def test_debian_pins() -> None:
-    packages = bi().parse_packages((ROOT / "hack" / "image-packages.txt").read_text())
+    packages = bi().parse_packages((ROOT / "devtools" / "image-packages.txt").read_text())
     names = {image: {d.name for d in debs} for image, debs in packages.items()}
     assert {"libc6", "python3.11-minimal", "libpython3.11-stdlib", "ca-certificates"} <= names[
         "plugin"
@@ -394,9 +385,9 @@ def test_archives_are_valid_oci_images(images: dict[str, tuple[str, str]]) -> No
         assert all(e.uid == e.gid == 0 for e in layer_entries(oci["layer"]))
     assert (
         images["plugin"][0]
-        == bi().default_refs(bi().parse_packages((ROOT / "hack/image-packages.txt").read_text()))[
-            "plugin"
-        ]
+        == bi().default_refs(
+            bi().parse_packages((ROOT / "devtools/image-packages.txt").read_text())
+        )["plugin"]
     )
 
 

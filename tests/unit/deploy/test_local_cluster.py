@@ -3,14 +3,11 @@ kube-controller-manager (LOCAL_CLUSTER_SCHEDULER_QPS/_BURST, LOCAL_CLUSTER_CM_QP
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
-import sys
-from functools import cache
 from types import ModuleType
 
 import pytest
 
+from devtools import localcluster
 from tests.support.paths import REPO
 
 SCRIPT = REPO / "hack" / "local-cluster"
@@ -18,16 +15,9 @@ PORTS = {"etcd": 1, "etcd-peer": 2, "apiserver": 3, "controller-manager": 4, "sc
 KNOBS = ("SCHEDULER_QPS", "SCHEDULER_BURST", "CM_QPS", "CM_BURST")
 
 
-@cache
 def lc() -> ModuleType:
-    """hack/local-cluster as a module."""
-    loader = importlib.machinery.SourceFileLoader("local_cluster", str(SCRIPT))
-    spec = importlib.util.spec_from_loader("local_cluster", loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["local_cluster"] = module
-    loader.exec_module(module)
-    return module
+    """devtools.localcluster (hack/local-cluster's module)."""
+    return localcluster
 
 
 @pytest.fixture(autouse=True)

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-HACK = Path(__file__).resolve().parent
-REPO = HACK.parent
+REPO = Path(__file__).resolve().parents[1]
+HACK = REPO / "hack"
 CHART = REPO / "deployments" / "helm" / "gpu-fraction-dra"
 CACHE = Path(os.environ.get("DRA_DRIVER_CACHE", str(Path.home() / ".cache" / "dra-driver")))
 BIN = CACHE / "bin"
