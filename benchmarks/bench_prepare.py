@@ -45,7 +45,7 @@ from dra_driver._proto import dra_v1_pb2, registration_pb2, registration_pb2_grp
 from dra_driver.infra import logs  # noqa: E402
 from dra_driver.infra.atomicfile import write_atomic  # noqa: E402
 from dra_driver.kubelet.server import PluginServer, SocketPaths  # noqa: E402
-from dra_driver.model.devices import FractionDevice  # noqa: E402
+from dra_driver.model.devices import PublishedDevice  # noqa: E402
 from dra_driver.model.vocabulary import COMPUTE_MODES  # noqa: E402
 from tests.support import claimfactory as cf  # noqa: E402
 from tests.support.kubelet import kubelet_connect  # noqa: E402
@@ -78,7 +78,7 @@ def percentile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def batch_results(devices: dict[str, FractionDevice], claims: int) -> list[dict[str, Any]]:
+def batch_results(devices: dict[str, PublishedDevice], claims: int) -> list[dict[str, Any]]:
     """Allocation results of ``claims`` eighths packed ``SLOTS_PER_GPU`` to a GPU, GPU 0
     first; even GPUs in time-slicing, odd ones in sm-sharing; a fresh share ID each."""
     by_gpu_mode = {(d.gpu.index, d.compute_mode): d for d in shared_devices(devices)}

@@ -46,7 +46,7 @@ from dra_driver import DEFAULT_DRIVER_NAME  # noqa: E402
 from dra_driver._proto import dra_v1_pb2, health_v1_pb2, health_v1_pb2_grpc  # noqa: E402
 from dra_driver.infra import logs  # noqa: E402
 from dra_driver.kubelet.server import PluginServer, SocketPaths  # noqa: E402
-from dra_driver.model.devices import FractionDevice  # noqa: E402
+from dra_driver.model.devices import PublishedDevice  # noqa: E402
 from tests.support import claimfactory as cf  # noqa: E402
 from tests.support.kubelet import Kubelet, kubelet_connect  # noqa: E402
 from tests.support.node import NODE, Node, share_result, shared_devices  # noqa: E402
@@ -67,13 +67,13 @@ def claim_ref(claim: dict[str, Any]) -> Any:
     return dra_v1_pb2.Claim(namespace=m["namespace"], name=m["name"], uid=m["uid"])
 
 
-def quarter(device: FractionDevice) -> dict[str, Any]:
+def quarter(device: PublishedDevice) -> dict[str, Any]:
     """A claim allocated one quarter (2 slots, a fresh share ID) of shared ``device``."""
     return cf.claim([share_result(device, NODE, "quarter")])
 
 
 def prepare_calls(
-    node: Node, kubelet: Kubelet, shared: list[FractionDevice], calls: int
+    node: Node, kubelet: Kubelet, shared: list[PublishedDevice], calls: int
 ) -> list[float]:
     """Seconds of ``calls`` single-quarter prepares on ``shared`` in turn (each then
     unprepared, untimed)."""
@@ -112,7 +112,7 @@ def open_streams(kubelet: Kubelet, count: int) -> tuple[list[Any], int]:
     return served, refused
 
 
-def hung_batches(node: Node, kubelet: Kubelet, device: FractionDevice, rounds: int) -> list[str]:
+def hung_batches(node: Node, kubelet: Kubelet, device: PublishedDevice, rounds: int) -> list[str]:
     """Rows for scenario (d): 4 quarters of ``device`` per batch (its 8 slots)."""
     rows = []
     for _ in range(rounds):

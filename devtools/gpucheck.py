@@ -327,6 +327,7 @@ def claims_on(
     enforcer: Any, gpu: Any, mode: str, ceilings: list[int]
 ) -> Iterator[list[tuple[str, Any]]]:
     from dra_driver.model.plans import ClaimPlan, ClaimRef, DevicePlan
+    from dra_driver.model.vocabulary import ComputeMode
 
     applied = []
     try:
@@ -338,7 +339,7 @@ def claims_on(
                 f"gpu-{gpu.index}-check-{i}",
                 None,
                 gpu,
-                mode,
+                ComputeMode(mode),
                 ceiling,
                 ceiling,
                 (50 if i == 0 else 25) if mode == "sm-sharing" else None,

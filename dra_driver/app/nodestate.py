@@ -13,7 +13,7 @@ from dra_driver.enforce import FractionEnforcer
 from dra_driver.gpus import GpuSource
 from dra_driver.infra import budget
 from dra_driver.infra.budget import HEALTH_CHECK_BUDGET_S, Budget
-from dra_driver.model.devices import DeviceStatus, FractionDevice
+from dra_driver.model.devices import DeviceStatus, PublishedDevice
 from dra_driver.model.gpu import Inventory
 from dra_driver.publish.devicehealth import device_health
 from dra_driver.publish.devicetaints import DeviceTaint, TaintMemory
@@ -23,15 +23,15 @@ log = structlog.get_logger(__name__)
 
 
 class NodeState:
-    """The node's current inventory and fraction devices, refreshed by :meth:`refresh`."""
+    """The node's current inventory and published devices, refreshed by :meth:`refresh`."""
 
     def __init__(self, source: GpuSource, config: NodeConfig) -> None:
         self.source = source
         self.config = config
         self._lock = threading.Lock()
         self.inventory = Inventory(gpus=())
-        self._devices: dict[str, FractionDevice] = {}
-        self._seen: dict[str, FractionDevice] = {}
+        self._devices: dict[str, PublishedDevice] = {}
+        self._seen: dict[str, PublishedDevice] = {}
         self.unhealthy_gpus: dict[str, str] = {}
         """GPU UUID -> reason, from the enforcer's last health check."""
         self.wake = threading.Event()
@@ -39,7 +39,7 @@ class NodeState:
         self._taints = TaintMemory()
 
     def refresh(self) -> None:
-        """Re-discover GPUs and recompute the fraction devices."""
+        """Re-discover GPUs and recompute the published devices."""
         inventory = self.source.discover()
         devices = {d.name: d for d in offered_devices(inventory, self.config)}
         with self._lock:
@@ -51,8 +51,8 @@ class NodeState:
         with self._lock:
             return [g.uuid for g in self.inventory.gpus]
 
-    def devices(self) -> Mapping[str, FractionDevice]:
-        """The current fraction devices by name."""
+    def devices(self) -> Mapping[str, PublishedDevice]:
+        """The current published devices by name."""
         with self._lock:
             return self._devices
 

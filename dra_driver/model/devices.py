@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from dra_driver.model.gpu import MIB, Gpu
+from dra_driver.model.vocabulary import ComputeMode, FractionModel
 
 
 @dataclass(frozen=True)
-class FractionDevice:
+class PublishedDevice:
     """One published device: a GPU in one compute mode, shared by the claims that get it.
 
     Every device allows multiple allocations (each claim gets a share, with a share ID) and
@@ -46,11 +47,11 @@ class FractionDevice:
 
     name: str
     gpu: Gpu
-    fraction_model: str
+    fraction_model: FractionModel
     product: str | None
     portion: Fraction | None
     memory_bytes: int
-    compute_mode: str
+    compute_mode: ComputeMode
     counter_set: str | None = None
     slots: int = 0
     sizes: tuple[int, ...] = ()

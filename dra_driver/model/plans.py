@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from dra_driver.model.gpu import Gpu
+from dra_driver.model.vocabulary import ComputeMode
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class DevicePlan:
     Attributes:
         request_names: the claim's request names this device satisfies.
         pool: ResourceSlice pool (the node name).
-        device: device name in the ResourceSlice, e.g. ``gpu-0-quarter-2``.
+        device: device name in the ResourceSlice, e.g. ``gpu-0-time-slicing``.
         share_id: allocation ``shareID`` (consumable capacity) or None.
         gpu: the physical GPU.
         compute_mode: ``time-slicing`` | ``sm-sharing`` (the GPU's mode).
@@ -47,7 +48,7 @@ class DevicePlan:
     device: str
     share_id: str | None
     gpu: Gpu
-    compute_mode: str
+    compute_mode: ComputeMode
     memory_request_bytes: int
     memory_limit_bytes: int
     active_thread_percentage: int | None

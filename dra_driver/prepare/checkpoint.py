@@ -51,6 +51,7 @@ from dra_driver.infra.atomicfile import write_atomic
 from dra_driver.model.errors import DriverError, StartupError
 from dra_driver.model.plans import ClaimPlan, ClaimRef, DevicePlan, PreparedDevice, plan_to_json
 from dra_driver.model.textlimits import shorten
+from dra_driver.model.vocabulary import ComputeMode
 
 log = structlog.get_logger(__name__)
 
@@ -148,6 +149,19 @@ def _gpu_v1(doc: Mapping[str, Any], where: str) -> Gpu:
     )
 
 
+def _compute_mode(doc: Mapping[str, Any], where: str) -> ComputeMode:
+    """``doc["compute_mode"]``, one of :class:`ComputeMode`.
+
+    Raises:
+        CheckpointFormatError: missing, not a string, or not a compute mode.
+    """
+    value = _value(doc, "compute_mode", str, where)
+    try:
+        return ComputeMode(value)
+    except ValueError:
+        raise CheckpointFormatError(f"{where}.compute_mode {value!r} is no compute mode") from None
+
+
 def _device_plan_v1(doc: Mapping[str, Any], where: str) -> DevicePlan:
     return DevicePlan(
         request_names=_strings(doc, "request_names", where),
@@ -155,7 +169,7 @@ def _device_plan_v1(doc: Mapping[str, Any], where: str) -> DevicePlan:
         device=_value(doc, "device", str, where),
         share_id=_value(doc, "share_id", str, where, None),
         gpu=_gpu_v1(_object(doc, "gpu", where), f"{where}.gpu"),
-        compute_mode=_value(doc, "compute_mode", str, where),
+        compute_mode=_compute_mode(doc, where),
         memory_request_bytes=_value(doc, "memory_request_bytes", int, where),
         memory_limit_bytes=_value(doc, "memory_limit_bytes", int, where),
         active_thread_percentage=_value(doc, "active_thread_percentage", int, where, None),

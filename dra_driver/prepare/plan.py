@@ -16,7 +16,7 @@ from typing import Any
 from dra_driver.config.caps import CapPolicy, memory_ceiling_cap, thread_cap
 from dra_driver.config.params import ClaimLimits, ClaimParameters, quantity_bytes
 from dra_driver.model.apijson import Field
-from dra_driver.model.devices import FractionDevice, product_memory_bytes
+from dra_driver.model.devices import PublishedDevice, product_memory_bytes
 from dra_driver.model.errors import PrepareError
 from dra_driver.model.ids import validate_uid
 from dra_driver.model.plans import ClaimPlan, ClaimRef, DevicePlan
@@ -35,13 +35,13 @@ def _consumed_memory(result: AllocationResult) -> int | None:
     return quantity_bytes(result.consumed_memory, f"{result.path}.consumedCapacity.memory")
 
 
-def device_capacity(fraction: FractionDevice) -> str:
+def device_capacity(fraction: PublishedDevice) -> str:
     """The consumable capacity ``fraction`` publishes: ``memory`` (capacity model, bytes) or
     ``slots`` (products model)."""
     return "memory" if fraction.fraction_model == FractionModel.CAPACITY else "slots"
 
 
-def _requested_memory(result: AllocationResult, fraction: FractionDevice) -> int:
+def _requested_memory(result: AllocationResult, fraction: PublishedDevice) -> int:
     """Bytes the allocation gives the claim on ``fraction``: its consumed ``slots`` as a share
     of the card (products; rounded down to a whole MiB, like a product) or its consumed
     ``memory`` (capacity).
@@ -74,7 +74,7 @@ def _requested_memory(result: AllocationResult, fraction: FractionDevice) -> int
     return product_memory_bytes(fraction.gpu, Fraction(slots, fraction.slots))
 
 
-def _consumed_slots(value: str, where: str, fraction: FractionDevice) -> int:
+def _consumed_slots(value: str, where: str, fraction: PublishedDevice) -> int:
     """A consumed ``slots`` amount: whole, and one of the sizes the device offers (its
     ``validValues``; any of 1..its slots when it lists none).
 
@@ -97,7 +97,7 @@ def _consumed_slots(value: str, where: str, fraction: FractionDevice) -> int:
     return int(amount)
 
 
-def _plan_admin(result: AllocationResult, fraction: FractionDevice) -> DevicePlan:
+def _plan_admin(result: AllocationResult, fraction: PublishedDevice) -> DevicePlan:
     """Monitoring access to the GPU (``adminAccess: true``): no memory, no MPS namespace."""
     return DevicePlan(
         request_names=(result.request,),
@@ -115,7 +115,7 @@ def _plan_admin(result: AllocationResult, fraction: FractionDevice) -> DevicePla
 
 def _plan_device(
     result: AllocationResult,
-    fraction: FractionDevice,
+    fraction: PublishedDevice,
     params: ClaimParameters,
     class_caps: ClaimLimits,
     policy: CapPolicy,
@@ -198,7 +198,7 @@ def plan_claim(
     claim: Any,
     driver: str,
     pool: str,
-    devices: Mapping[str, FractionDevice],
+    devices: Mapping[str, PublishedDevice],
     policy: CapPolicy = NO_NODE_CAPS,
 ) -> ClaimPlan:
     """Decide what to enforce for one claim.
@@ -208,7 +208,7 @@ def plan_claim(
         claim: the ResourceClaim as decoded API JSON, unchecked (any JSON value).
         driver: our driver name; results of other drivers are ignored.
         pool: our pool name (the node name).
-        devices: this node's fraction devices by name (from ``offer.offered_devices``).
+        devices: this node's published devices by name (from ``offer.offered_devices``).
         policy: the node's caps and default SM ceiling (class caps come with the claim).
 
     Raises:

@@ -46,7 +46,7 @@ from dra_driver.infra.budget import (
 )
 from dra_driver.infra.locking import PrepareLock
 from dra_driver.infra.metrics import Metrics
-from dra_driver.model.devices import FractionDevice
+from dra_driver.model.devices import PublishedDevice
 from dra_driver.model.errors import CLAIM_ERRORS, PrepareError
 from dra_driver.model.ids import validate_uid
 from dra_driver.model.plans import ClaimPlan, ClaimRef, PreparedDevice, prepared_devices
@@ -85,7 +85,7 @@ class ClaimPreparation:
         driver_name: our DRA driver name (also the CDI vendor).
         pool: this node's pool name (the node name).
         reader: reads ResourceClaims from the API server.
-        devices: returns the node's current fraction devices by name.
+        devices: returns the node's current published devices by name.
         enforcer: applies MPS ceilings/compute mode.
         cdi_root: CDI spec directory (``/var/run/cdi``).
         state_dir: holds ``checkpoint.json``.
@@ -112,7 +112,7 @@ class ClaimPreparation:
         driver_name: str,
         pool: str,
         reader: ClaimReader,
-        devices: Callable[[], Mapping[str, FractionDevice]],
+        devices: Callable[[], Mapping[str, PublishedDevice]],
         enforcer: FractionEnforcer,
         cdi_root: str | Path,
         state_dir: str | Path,

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from dra_driver.model.devices import DeviceStatus, FractionDevice
+from dra_driver.model.devices import DeviceStatus, PublishedDevice
 
 
 def device_health(
-    current: Mapping[str, FractionDevice],
-    seen: Mapping[str, FractionDevice],
+    current: Mapping[str, PublishedDevice],
+    seen: Mapping[str, PublishedDevice],
     unhealthy_gpus: Mapping[str, str],
 ) -> dict[str, DeviceStatus]:
     """Health per device name.

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dra_driver.config.node import CapacityPolicy, GpuConfig, NodeConfig, Product
-from dra_driver.model.devices import FractionDevice, product_memory_bytes
+from dra_driver.model.devices import PublishedDevice, product_memory_bytes
 from dra_driver.model.gpu import Gpu, Inventory, pre_volta_reason
 from dra_driver.model.quantities import canonical_quantity
 from dra_driver.model.vocabulary import ComputeMode, FractionModel
@@ -34,7 +34,7 @@ class OfferedGpu:
 
     gpu: Gpu
     config: GpuConfig
-    devices: tuple[FractionDevice, ...]
+    devices: tuple[PublishedDevice, ...]
 
     @property
     def counter_set(self) -> str:
@@ -50,7 +50,7 @@ class Offer:
     excluded: tuple[ExcludedGpu, ...]
 
     @property
-    def devices(self) -> list[FractionDevice]:
+    def devices(self) -> list[PublishedDevice]:
         """Every device of every offered GPU, in publishing order."""
         return [d for g in self.gpus for d in g.devices]
 
@@ -145,9 +145,9 @@ def _device(
     sizes: tuple[int, ...] = (),
     product: Product | None = None,
     default_size: int = 0,
-) -> FractionDevice:
+) -> PublishedDevice:
     suffix = f"-{product.name}" if product is not None else ""
-    return FractionDevice(
+    return PublishedDevice(
         name=f"gpu-{gpu.index}-{mode}{suffix}",
         gpu=gpu,
         fraction_model=model,
@@ -177,12 +177,12 @@ def shared_default_size(sizes: tuple[int, ...], extended_resources: bool) -> int
     return sizes[-1] if extended_resources else sizes[0]
 
 
-def _product_devices(gpu: Gpu, cfg: GpuConfig, config: NodeConfig) -> tuple[FractionDevice, ...]:
+def _product_devices(gpu: Gpu, cfg: GpuConfig, config: NodeConfig) -> tuple[PublishedDevice, ...]:
     total = config.slots
     products = _fitting_products(gpu, cfg)
     sizes = tuple(sorted({int(p.portion * total) for p in products}))
     default = shared_default_size(sizes, config.extended_resources)
-    devices: list[FractionDevice] = []
+    devices: list[PublishedDevice] = []
     for mode in cfg.modes:
         if config.extended_resources:
             for p in products:
@@ -192,11 +192,11 @@ def _product_devices(gpu: Gpu, cfg: GpuConfig, config: NodeConfig) -> tuple[Frac
     return tuple(devices)
 
 
-def offered_devices(inventory: Inventory, config: NodeConfig) -> list[FractionDevice]:
+def offered_devices(inventory: Inventory, config: NodeConfig) -> list[PublishedDevice]:
     """All devices the node publishes, in publishing order (see :func:`offer`)."""
     return offer(inventory, config).devices
 
 
-def devices_by_name(inventory: Inventory, config: NodeConfig) -> dict[str, FractionDevice]:
-    """Map device name -> :class:`FractionDevice`, for Prepare to resolve an allocation result."""
+def devices_by_name(inventory: Inventory, config: NodeConfig) -> dict[str, PublishedDevice]:
+    """Map device name -> :class:`PublishedDevice`, for Prepare to resolve an allocation result."""
     return {d.name: d for d in offered_devices(inventory, config)}

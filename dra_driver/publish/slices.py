@@ -1,10 +1,10 @@
-"""Pure planning: GPU inventory + node configuration -> fraction devices -> ResourceSlice bodies.
+"""Pure planning: GPU inventory + node configuration -> published devices -> ResourceSlice bodies.
 
-:func:`offered_devices` is the single source of truth for which devices exist: the publisher
-publishes exactly these, and Prepare maps an allocated device name back to its GPU, memory and
-compute mode with :func:`devices_by_name`. Nothing here touches the network or files, except
-:func:`dra_driver.app.readcmds.render_slices_json` reads the GPU source and configuration for
-the CLI.
+:func:`~dra_driver.publish.offer.offered_devices` is the single source of truth for which
+devices exist: the publisher publishes exactly these, and Prepare maps an allocated device name
+back to its GPU, memory and compute mode with :func:`~dra_driver.publish.offer.devices_by_name`.
+Nothing here touches the network or files (``dra-driver render-slices`` reads the GPU source
+and configuration in :mod:`dra_driver.app.readcmds`).
 
 Per offered GPU (index ``i``), in each compute mode it is offered in (both for ``computeMode:
 auto``, the default; one when pinned):
@@ -49,7 +49,7 @@ from dra_driver.config.classnames import label_value
 from dra_driver.config.node import (
     NodeConfig,
 )
-from dra_driver.model.devices import FractionDevice
+from dra_driver.model.devices import PublishedDevice
 from dra_driver.model.errors import UsageError
 from dra_driver.model.gpu import Inventory
 from dra_driver.model.ids import is_dns_subdomain
@@ -132,7 +132,7 @@ def _version_or_string(value: str) -> dict[str, Any]:
     return {"version": version} if version is not None else _string(value)
 
 
-def _device_attributes(device: FractionDevice, enforcement: str) -> dict[str, Any]:
+def _device_attributes(device: PublishedDevice, enforcement: str) -> dict[str, Any]:
     gpu = device.gpu
     attrs: dict[str, Any] = {
         "uuid": _string(gpu.uuid),
@@ -159,7 +159,7 @@ def _device_attributes(device: FractionDevice, enforcement: str) -> dict[str, An
     return attrs
 
 
-def _device_body(device: FractionDevice, planned: OfferedGpu, enforcement: str) -> dict[str, Any]:
+def _device_body(device: PublishedDevice, planned: OfferedGpu, enforcement: str) -> dict[str, Any]:
     body: dict[str, Any] = {
         "name": device.name,
         "attributes": _device_attributes(device, enforcement),

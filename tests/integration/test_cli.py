@@ -388,7 +388,7 @@ def test_api_client_keeps_a_connection_per_claim_reader(tmp_path: Path) -> None:
     from dra_driver.prepare.reads import CLAIM_READERS
 
     kubeconfig = _kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:1")
-    api = api_client(str(kubeconfig))
+    api = api_client(str(kubeconfig), CLAIM_READERS)
     assert api.configuration.connection_pool_maxsize >= CLAIM_READERS
     assert api.rest_client.pool_manager.connection_pool_kw["maxsize"] >= CLAIM_READERS
 

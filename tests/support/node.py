@@ -15,7 +15,7 @@ from dra_driver.enforce import FractionEnforcer, RecordingEnforcer
 from dra_driver.gpus import SimulatedGpuSource, simnode
 from dra_driver.infra.budget import STARTUP_BUDGET_S
 from dra_driver.infra.locking import PrepareLock
-from dra_driver.model.devices import DeviceStatus, FractionDevice
+from dra_driver.model.devices import DeviceStatus, PublishedDevice
 from dra_driver.model.plans import ClaimPlan
 from dra_driver.model.vocabulary import COMPUTE_MODES, FractionModel
 from dra_driver.prepare.claims import ApiClaimReader
@@ -34,7 +34,7 @@ class Node(NodeDirs):
     """Directories, the simulated inventory and what the kubelet would see."""
 
     root: Path
-    devices: dict[str, FractionDevice]
+    devices: dict[str, PublishedDevice]
     claims: ClaimServer
     enforcer: RecordingEnforcer
     unhealthy_gpus: dict[str, str] = field(default_factory=dict)
@@ -112,7 +112,7 @@ class Node(NodeDirs):
 
 
 def share_result(
-    device: FractionDevice,
+    device: PublishedDevice,
     pool: str,
     product: str | None,
     request: str = "gpu",
@@ -130,7 +130,7 @@ def share_result(
     return cf.result(device.name, pool, request=request, share_id=share, slots=slots)
 
 
-def shared_devices(devices: dict[str, FractionDevice]) -> list[FractionDevice]:
+def shared_devices(devices: dict[str, PublishedDevice]) -> list[PublishedDevice]:
     """The products-model shared devices of ``devices`` (one per GPU and compute mode, the
     ones product claims are allocated shares of), ordered by GPU index, then compute mode in
     :data:`~dra_driver.model.vocabulary.COMPUTE_MODES` order."""
@@ -142,7 +142,7 @@ def shared_devices(devices: dict[str, FractionDevice]) -> list[FractionDevice]:
     return sorted(shared, key=lambda d: (d.gpu.index, COMPUTE_MODES.index(d.compute_mode)))
 
 
-def plugin_devices(gpus: str, node: str) -> dict[str, FractionDevice]:
+def plugin_devices(gpus: str, node: str) -> dict[str, PublishedDevice]:
     """The devices by name that ``dra-driver kubelet-plugin --gpus=<gpus> --node-name=<node>``
     offers with the default node configuration (``gpus``: a ``simulated:`` inventory)."""
     inventory = SimulatedGpuSource(gpus, seed=node).discover()

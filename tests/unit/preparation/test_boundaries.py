@@ -22,7 +22,7 @@ from dra_driver.config.load import parse_node_config
 from dra_driver.config.params import ClaimLimits
 from dra_driver.enforce.targets import targets_for_claim
 from dra_driver.gpus import MIB, SimulatedGpuSource
-from dra_driver.model.devices import FractionDevice, product_memory_bytes
+from dra_driver.model.devices import PublishedDevice, product_memory_bytes
 from dra_driver.model.errors import PrepareError
 from dra_driver.model.plans import ClaimPlan, ClaimRef
 from dra_driver.prepare.overcommit import overcommit_error
@@ -36,7 +36,7 @@ CONFIG = {"apiVersion": "gpu-fraction.dra.dev/v1alpha1", "kind": "NodeConfig"}
 
 
 @pytest.fixture(scope="module")
-def devices() -> dict[str, FractionDevice]:
+def devices() -> dict[str, PublishedDevice]:
     inventory = SimulatedGpuSource("simulated:H200x2", seed=NODE).discover()
     config = dict(CONFIG, gpus=[{"selector": {"index": 1}, "fractionModel": "capacity"}])
     return devices_by_name(inventory, parse_node_config(config))
@@ -49,7 +49,7 @@ def share(device: str, **capacity: str) -> dict[str, Any]:
 
 
 def plan(
-    devices: dict[str, FractionDevice],
+    devices: dict[str, PublishedDevice],
     results: list[dict[str, Any]],
     configs: list[dict[str, Any]] | None = None,
     policy: CapPolicy = NO_NODE_CAPS,
@@ -59,14 +59,14 @@ def plan(
     return plan_claim(ref, claim, DRIVER, NODE, devices, policy)
 
 
-def eighth(devices: dict[str, FractionDevice]) -> int:
+def eighth(devices: dict[str, PublishedDevice]) -> int:
     return product_memory_bytes(devices["gpu-0-time-slicing"].gpu, Fraction(1, 8))
 
 
 # --- caps ---------------------------------------------------------------------------------------
 
 
-def test_without_a_cap_the_ceiling_is_the_request(devices: dict[str, FractionDevice]) -> None:
+def test_without_a_cap_the_ceiling_is_the_request(devices: dict[str, PublishedDevice]) -> None:
     """The review's attack: an eighth with memoryLimitPortion "1" got the whole card."""
     with pytest.raises(PrepareError, match="no burst without a cap set by an admin"):
         plan(devices, [share("gpu-0-time-slicing", slots="1")], [cf.opaque(memoryLimitPortion="1")])
@@ -75,7 +75,7 @@ def test_without_a_cap_the_ceiling_is_the_request(devices: dict[str, FractionDev
     assert d.memory_limit_bytes == d.memory_request_bytes == eighth(devices)
 
 
-def test_a_class_cap_allows_burst_up_to_it(devices: dict[str, FractionDevice]) -> None:
+def test_a_class_cap_allows_burst_up_to_it(devices: dict[str, PublishedDevice]) -> None:
     cls = cf.opaque("FromClass", maxMemoryLimitPortion="0.25")
     card = devices["gpu-0-time-slicing"].gpu.memory_bytes
     (d,) = plan(
@@ -92,7 +92,7 @@ def test_a_class_cap_allows_burst_up_to_it(devices: dict[str, FractionDevice]) -
         )
 
 
-def test_a_claim_cannot_raise_its_class_cap(devices: dict[str, FractionDevice]) -> None:
+def test_a_claim_cannot_raise_its_class_cap(devices: dict[str, PublishedDevice]) -> None:
     configs = [
         cf.opaque("FromClass", maxMemoryLimit="20Gi"),
         cf.opaque(maxMemoryLimit="140Gi", memoryLimit="30Gi"),
@@ -102,7 +102,7 @@ def test_a_claim_cannot_raise_its_class_cap(devices: dict[str, FractionDevice]) 
 
 
 def test_the_node_default_applies_where_the_class_sets_none(
-    devices: dict[str, FractionDevice],
+    devices: dict[str, PublishedDevice],
 ) -> None:
     node = CapPolicy(ClaimLimits(max_memory_limit_bytes=40 * GIB))
     results = [share("gpu-1-time-slicing", memory="10Gi")]
@@ -123,7 +123,7 @@ def test_a_cap_below_the_request_leaves_the_request() -> None:
     )
 
 
-def test_thread_percentage_caps(devices: dict[str, FractionDevice]) -> None:
+def test_thread_percentage_caps(devices: dict[str, PublishedDevice]) -> None:
     sm = [share("gpu-0-sm-sharing", slots="1")]
     cls = cf.opaque("FromClass", maxActiveThreadPercentage=25)
     with pytest.raises(PrepareError, match="activeThreadPercentage 100 exceeds the cap 25"):
@@ -165,14 +165,14 @@ def test_thread_percentage_caps(devices: dict[str, FractionDevice]) -> None:
     ],
 )
 def test_a_capacity_the_device_does_not_publish_is_refused(
-    devices: dict[str, FractionDevice], device: str, consumed: dict[str, str], message: str
+    devices: dict[str, PublishedDevice], device: str, consumed: dict[str, str], message: str
 ) -> None:
     """Both were prepared as the whole card."""
     with pytest.raises(PrepareError, match=message):
         plan(devices, [share(device, **consumed)])
 
 
-def test_one_share_id_twice_in_a_claim_is_refused(devices: dict[str, FractionDevice]) -> None:
+def test_one_share_id_twice_in_a_claim_is_refused(devices: dict[str, PublishedDevice]) -> None:
     """It was prepared as one 1-slot share, the 8-slot result silently dropped."""
     a = share("gpu-0-time-slicing", slots="1")
     b = dict(share("gpu-0-time-slicing", slots="8"), shareID=a["shareID"], request="other")
@@ -183,7 +183,7 @@ def test_one_share_id_twice_in_a_claim_is_refused(devices: dict[str, FractionDev
 # --- admin access -------------------------------------------------------------------------------
 
 
-def test_admin_access_is_monitoring_access(devices: dict[str, FractionDevice]) -> None:
+def test_admin_access_is_monitoring_access(devices: dict[str, PublishedDevice]) -> None:
     admin = dict(share("gpu-0-time-slicing", slots="1"), adminAccess=True)
     got = plan(devices, [admin])
     (d,) = got.devices
@@ -195,7 +195,7 @@ def test_admin_access_is_monitoring_access(devices: dict[str, FractionDevice]) -
     assert overcommit_error(got, [full]) is None
 
 
-def test_admin_access_must_be_a_boolean(devices: dict[str, FractionDevice]) -> None:
+def test_admin_access_must_be_a_boolean(devices: dict[str, PublishedDevice]) -> None:
     bad = dict(share("gpu-0-time-slicing", slots="1"), adminAccess="yes")
     with pytest.raises(PrepareError, match="adminAccess: expected a boolean"):
         plan(devices, [bad])

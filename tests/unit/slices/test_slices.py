@@ -29,7 +29,7 @@ from dra_driver.config.node import (
 )
 from dra_driver.gpus import MIB, Gpu, Inventory, SimulatedGpuSource, SkippedGpu
 from dra_driver.gpus.simulated import PROFILES
-from dra_driver.model.devices import FractionDevice
+from dra_driver.model.devices import PublishedDevice
 from dra_driver.model.quantities import quantity_value
 from dra_driver.publish.offer import capacity_request_policy, devices_by_name, offered_devices
 from dra_driver.publish.slices import (
@@ -595,7 +595,7 @@ def test_plan_devices_is_what_is_published() -> None:
     assert [d.name for d in devices] == [d["name"] for d in slice_devices(slices)]
     table = devices_by_name(inv, config)
     shared = table["gpu-1-sm-sharing"]
-    assert shared == FractionDevice(
+    assert shared == PublishedDevice(
         name="gpu-1-sm-sharing",
         gpu=inv.gpus[1],
         fraction_model="products",
