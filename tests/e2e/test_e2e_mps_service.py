@@ -318,11 +318,20 @@ def test_deleting_the_mps_service_ends_the_servers_and_the_node_recovers(e2e: E2
         )
         wait_for("taints gone", lambda: not any(node_taints(e2e, node.name).values()), timeout=90)
         healthy_after = time.monotonic() - t1
-        # the probes attach again, to the re-created namespaces of new servers
+        # the probes attach again, to the re-created namespaces of new servers, under their
+        # limits (an attach between a namespace's creation and its limits is ended by the
+        # enforcer, and the probe attaches again)
         for p, line in first.items():
-            again = wait_for(f"{p} attached again", lambda p=p: attached(e2e, p), timeout=60)
-            assert again["server_pid"] != line["server_pid"]
-            assert again["pinned_memory_limit"] == line["pinned_memory_limit"]
+
+            def reattached(p: str = p, line: dict[str, str] = line) -> bool:
+                return any(
+                    x.get("state") == "connected"
+                    and x.get("server_pid") != line["server_pid"]
+                    and x.get("pinned_memory_limit") == line["pinned_memory_limit"]
+                    for x in probe_lines(e2e, p)[since:]
+                )
+
+            wait_for(f"{p} attached again under its limits", reattached, timeout=60)
         seconds = new_claim_prepares(e2e, "after-mps", TIME_SLICING_GPUS[0])
         report(
             "deletion of the MPS service pod",
