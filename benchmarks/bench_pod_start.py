@@ -33,8 +33,9 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "hack"))
-import local_install  # noqa: E402
+sys.path.insert(0, str(REPO))
+from devtools import localinstall  # noqa: E402
+from dra_driver import DEFAULT_DRIVER_NAME as DRIVER  # noqa: E402
 
 NODE = "bench-node"
 NAMESPACE = "bench"
@@ -105,8 +106,8 @@ def rollout(api: k8s.ApiClient, kubeconfig: Path, values: Path) -> float:
 
     old = {p["metadata"]["uid"] for p in plugin_pods()}
     t0 = time.monotonic()
-    local_install.helm(
-        kubeconfig, "upgrade", "gpu-fraction-dra", str(local_install.CHART), "-n", RELEASE_NS,
+    localinstall.helm(
+        kubeconfig, "upgrade", "gpu-fraction-dra", str(localinstall.CHART), "-n", RELEASE_NS,
         "-f", str(values), "--set", "logLevel=debug",
     )  # fmt: skip
 
@@ -154,13 +155,13 @@ def main() -> int:
         values.write_text(
             yaml.safe_dump(
                 {
-                    **local_install.local_values(state),
+                    **localinstall.local_values(state),
                     "gpus": "simulated:H200x8",
                     "logLevel": "info",
                 }
             )
         )
-        local_install.install(kubeconfig, "gpu-fraction-dra", RELEASE_NS, values)
+        localinstall.install(kubeconfig, "gpu-fraction-dra", RELEASE_NS, values)
         wait(
             "slices",
             lambda: raw(k8s.ResourceV1Api(api).list_resource_slice(_preload_content=False))[
@@ -169,7 +170,10 @@ def main() -> int:
             timeout=180,
             every=0.2,
         )
-        core.create_namespace(k8s.V1Namespace.from_dict({"metadata": {"name": NAMESPACE}}))
+        # the admin's grant (docs/admin-guide.md, "Tenants"): without the label the chart's
+        # tenant policy refuses the namespace's claims and templates
+        grant = {"name": NAMESPACE, "labels": {f"{DRIVER}/tenant": "true"}}
+        core.create_namespace(k8s.V1Namespace.from_dict({"metadata": grant}))
         wait("default SA", lambda: core.list_namespaced_service_account(NAMESPACE).items)
         k8s.ResourceV1Api(api).create_namespaced_resource_claim_template(
             NAMESPACE,

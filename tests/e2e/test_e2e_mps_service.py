@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -156,7 +158,7 @@ def service_pods(e2e: E2E, node: str) -> list[dict[str, Any]]:
     return e2e.driver.plugin_pods(node, component="mps-service")
 
 
-def disrupt_and_check(e2e: E2E, what: str, disrupt: Any, gpu: int) -> None:
+def disrupt_and_check(e2e: E2E, what: str, disrupt: Any, gpu: int, links: Path) -> None:
     with probes(e2e) as first:
         since = lines_so_far(e2e, first)
         service_before = [p["metadata"]["uid"] for p in service_pods(e2e, e2e.nodes[0].name)]
@@ -169,10 +171,10 @@ def disrupt_and_check(e2e: E2E, what: str, disrupt: Any, gpu: int) -> None:
         report(what, f"{n}/{len(first)} probes kept their server", f"{seconds:.1f} s")
         assert n == len(first), {p: probe_lines(e2e, p)[since:] for p in first}
         assert service_after == service_before  # the MPS service was not replaced
-    nothing_left_after_the_pods(e2e)
+    nothing_left_after_the_pods(e2e, links)
 
 
-def nothing_left_after_the_pods(e2e: E2E) -> None:
+def nothing_left_after_the_pods(e2e: E2E, links: Path) -> None:
     """Delete the namespace's pods; then no claim of theirs has a CDI spec, a checkpoint
     record, an MPS namespace pipe directory or a namespace in an MPS server's list."""
     node = e2e.nodes[0]
@@ -189,15 +191,15 @@ def nothing_left_after_the_pods(e2e: E2E) -> None:
         "namespaces": [
             (mode, row.name)
             for mode in MODES
-            for server in mps(node, mode).server_list()
-            for row in mps(node, mode).namespace_list(server.name)
+            for server in mps(node, mode, links).server_list()
+            for row in mps(node, mode, links).namespace_list(server.name)
             if any(namespace_name(u) == row.name for u in uids)
         ],
     }
     assert not any(left.values()), left
 
 
-def test_helm_upgrade_keeps_every_tenant_on_its_server(e2e: E2E) -> None:
+def test_helm_upgrade_keeps_every_tenant_on_its_server(e2e: E2E, links: Path) -> None:
     values = e2e.driver.values()
     level = "info" if values.get("logLevel") == "debug" else "debug"
 
@@ -206,33 +208,33 @@ def test_helm_upgrade_keeps_every_tenant_on_its_server(e2e: E2E) -> None:
 
     try:
         disrupt_and_check(
-            e2e, "helm upgrade (plugin logLevel changed)", upgrade, TIME_SLICING_GPUS[0]
+            e2e, "helm upgrade (plugin logLevel changed)", upgrade, TIME_SLICING_GPUS[0], links
         )
     finally:
         e2e.driver.upgrade(logLevel=values.get("logLevel", "debug"))
         e2e.driver.wait_rolled_out(timeout=120)
 
 
-def test_plugin_sigkill_keeps_every_tenant_on_its_server(e2e: E2E) -> None:
+def test_plugin_sigkill_keeps_every_tenant_on_its_server(e2e: E2E, links: Path) -> None:
     node = e2e.nodes[0]
 
     def kill() -> None:
         assert node.kill_plugin()
 
-    disrupt_and_check(e2e, "SIGKILL of the plugin", kill, TIME_SLICING_GPUS[0])
+    disrupt_and_check(e2e, "SIGKILL of the plugin", kill, TIME_SLICING_GPUS[0], links)
 
 
-def test_plugin_pod_deletion_keeps_every_tenant_on_its_server(e2e: E2E) -> None:
+def test_plugin_pod_deletion_keeps_every_tenant_on_its_server(e2e: E2E, links: Path) -> None:
     node = e2e.nodes[0]
 
     def delete() -> None:
         for pod in e2e.driver.plugin_pods(node.name):
             e2e.core.delete_namespaced_pod(pod["metadata"]["name"], RELEASE_NAMESPACE)
 
-    disrupt_and_check(e2e, "deletion of the plugin pod", delete, TIME_SLICING_GPUS[0])
+    disrupt_and_check(e2e, "deletion of the plugin pod", delete, TIME_SLICING_GPUS[0], links)
 
 
-def test_kubelet_restart_keeps_every_tenant_on_its_server(e2e: E2E) -> None:
+def test_kubelet_restart_keeps_every_tenant_on_its_server(e2e: E2E, links: Path) -> None:
     node = e2e.nodes[0]
 
     def restart() -> None:
@@ -246,7 +248,7 @@ def test_kubelet_restart_keeps_every_tenant_on_its_server(e2e: E2E) -> None:
         )
         assert done.returncode == 0, done.stderr
 
-    disrupt_and_check(e2e, "kubelet restart", restart, TIME_SLICING_GPUS[0])
+    disrupt_and_check(e2e, "kubelet restart", restart, TIME_SLICING_GPUS[0], links)
 
 
 def node_taints(e2e: E2E, node: str) -> dict[str, list[str]]:
@@ -271,7 +273,9 @@ def set_pause_taint(e2e: E2E, node: str, on: bool) -> None:
     e2e.core.patch_node(node, {"spec": {"taints": taints}})
 
 
-def test_deleting_the_mps_service_ends_the_servers_and_the_node_recovers(e2e: E2E) -> None:
+def test_deleting_the_mps_service_ends_the_servers_and_the_node_recovers(
+    e2e: E2E, links: Path
+) -> None:
     """The service's pod is deleted while the node is tainted against a new one, so the node
     stays without a service until the test lets it back: the outage does not depend on how
     fast the DaemonSet replaces the pod (the plugin's health check runs every 10 s, and a new
@@ -340,7 +344,7 @@ def test_deleting_the_mps_service_ends_the_servers_and_the_node_recovers(e2e: E2
             f"start, healthy after {healthy_after:.1f} s; a new claim prepared in "
             f"{seconds:.1f} s",
         )
-    nothing_left_after_the_pods(e2e)
+    nothing_left_after_the_pods(e2e, links)
 
 
 def test_the_plugin_never_starts_a_daemon(e2e: E2E) -> None:
@@ -363,10 +367,23 @@ def test_the_plugin_never_starts_a_daemon(e2e: E2E) -> None:
 MODES = ("time-slicing", "sm-sharing")
 
 
-def mps(node: GpuNode, mode: str) -> MpsControl:
-    """The node's MPS control daemon of ``mode`` (the emulator's program, from this host)."""
+def mps(node: GpuNode, mode: str, links: Path) -> MpsControl:
+    """The node's MPS control daemon of ``mode`` (the emulator's program, from this host),
+    reached through a short symlink in ``links``: the node's pipe directory under pytest's
+    temporary directory is too long for a unix socket path (the kernel's 107 bytes)."""
     pipe = node.run_dir / "mps" / mode / "pipe"
-    return MpsControl(SubprocessRunner(), pipe, pipe.parent / "log", binary=str(emulator_path()))
+    link = links / f"{node.name}-{mode}"
+    if not link.is_symlink():
+        link.symlink_to(pipe)
+    return MpsControl(SubprocessRunner(), link, pipe.parent / "log", binary=str(emulator_path()))
+
+
+@pytest.fixture
+def links() -> Iterator[Path]:
+    """A short directory for :func:`mps`'s symlinks."""
+    path = Path(tempfile.mkdtemp(prefix="mpsl-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def gpu_uuid(e2e: E2E, node: str, index: int) -> str:
@@ -380,7 +397,9 @@ def gpu_uuid(e2e: E2E, node: str, index: int) -> str:
     )
 
 
-def test_the_first_claim_sets_the_compute_mode_and_the_last_retires_the_server(e2e: E2E) -> None:
+def test_the_first_claim_sets_the_compute_mode_and_the_last_retires_the_server(
+    e2e: E2E, links: Path
+) -> None:
     """An sm-sharing GPU: DEFAULT and no server before; the first claim sets EXCLUSIVE_PROCESS
     and starts the GPU's server (the probe attaches to it, with the thread percentage its claim
     asked); a second claim joins the same server and outlives the first; after the last
@@ -393,7 +412,9 @@ def test_the_first_claim_sets_the_compute_mode_and_the_last_retires_the_server(e
         return mode_file.read_text().strip() if mode_file.exists() else "DEFAULT"
 
     def servers() -> list[ServerRow]:
-        return [r for r in mps(node, "sm-sharing").server_list() if uuid in r.allowed_devices]
+        return [
+            r for r in mps(node, "sm-sharing", links).server_list() if uuid in r.allowed_devices
+        ]
 
     assert compute_mode() == "DEFAULT" and not servers()
     start_probe(e2e, "first", node, "gpu-quarter-sm-sharing", gpu, {"activeThreadPercentage": 30})
