@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import TypeAlias
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.infra import logs
@@ -15,6 +16,10 @@ DEFAULT_CDI_ROOT = "/var/run/cdi"
 DEFAULT_STATE_DIR = "/var/lib/gpu-fraction-dra"
 DEFAULT_METRICS_BIND_ADDRESS = "127.0.0.1"
 """Loopback only unless told otherwise: the metrics name claims and namespaces."""
+
+
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+"""What ``add_subparsers`` returns (argparse names the class privately)."""
 
 
 def _percentage(text: str) -> int:
@@ -79,7 +84,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="Kubernetes DRA driver that shares NVIDIA GPUs as memory-capped fractions.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _kubelet_plugin_parser(sub)
+    _mps_service_parser(sub)
+    _render_slices_parser(sub)
+    _status_parser(sub)
+    _occupancy_parser(sub)
+    return parser
 
+
+def _kubelet_plugin_parser(sub: Subparsers) -> None:
+    """``kubelet-plugin``: the node, its directories and metrics (then
+    :func:`_add_plugin_enforcement`)."""
     p = sub.add_parser(
         "kubelet-plugin",
         help="run the node plugin (the main job)",
@@ -140,6 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="address /metrics listens on (default 127.0.0.1: this host only; the Helm chart "
         "passes 0.0.0.0 so that probes and Prometheus reach the pod IP)",
     )
+    _add_plugin_enforcement(p)
+
+
+def _add_plugin_enforcement(p: argparse.ArgumentParser) -> None:
+    """``kubelet-plugin``: MPS, the memory-limit hook, simulation, compute modes, publishing."""
     p.add_argument(
         "--mps-root",
         default="/run/gpu-fraction",
@@ -229,6 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
         f"{KUBELET_CALL_TIMEOUT_S:g} s)",
     )
 
+
+def _mps_service_parser(sub: Subparsers) -> None:
+    """``mps-service``."""
     p = sub.add_parser(
         "mps-service",
         help="run the node's MPS control daemons (the MPS node service)",
@@ -262,6 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between two checks of the daemons (default %(default)g)",
     )
 
+
+def _render_slices_parser(sub: Subparsers) -> None:
+    """``render-slices``."""
     p = sub.add_parser(
         "render-slices",
         help="print the ResourceSlices a node would publish (JSON array)",
@@ -273,6 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", required=True, help="GPU source, e.g. simulated:H200x8 or nvml")
     p.add_argument("--config", default=None, help="node configuration YAML file")
 
+
+def _status_parser(sub: Subparsers) -> None:
+    """``status``."""
     p = sub.add_parser(
         "status",
         help="show the claims prepared on this node (from the checkpoint)",
@@ -286,6 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="the plugin's --state-dir, where the checkpoint is (default %(default)s)",
     )
 
+
+def _occupancy_parser(sub: Subparsers) -> None:
+    """``occupancy``."""
     p = sub.add_parser(
         "occupancy",
         help="show each GPU's mode, promised and free memory, its claims, and why pods wait",
@@ -310,4 +342,3 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("table", "json"),
         help="table (aligned columns) or json (stable keys, exact bytes) (default table)",
     )
-    return parser
