@@ -99,8 +99,13 @@ def rollout(api: k8s.ApiClient, kubeconfig: Path, values: Path) -> float:
     core = k8s.CoreV1Api(api)
 
     def plugin_pods() -> list[dict[str, Any]]:
+        """The kubelet plugin's pods (the MPS service's pods are not rolled by an upgrade)."""
         items: list[dict[str, Any]] = raw(
-            core.list_namespaced_pod(RELEASE_NS, _preload_content=False)
+            core.list_namespaced_pod(
+                RELEASE_NS,
+                label_selector="app.kubernetes.io/component=kubelet-plugin",
+                _preload_content=False,
+            )
         )["items"]
         return items
 
