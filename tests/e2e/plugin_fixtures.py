@@ -502,10 +502,12 @@ class E2E:
         node: GpuNode,
         templates: Mapping[str, str] | None = None,
         claims: Mapping[str, str] | None = None,
+        run_as_user: int | None = None,
     ) -> dict[str, Any]:
         """Create a pod on ``node`` using ``templates`` (pod claim -> template) and ``claims``
         (pod claim -> existing ResourceClaim); its one container uses every claim and prints
-        what it sees (:data:`VIEW_SCRIPT`)."""
+        what it sees (:data:`VIEW_SCRIPT`). It runs as the image's user (root), or as
+        ``run_as_user`` (a non-root UID, also its group)."""
         refs = [{"name": n, "resourceClaimTemplateName": t} for n, t in (templates or {}).items()]
         refs += [{"name": n, "resourceClaimName": c} for n, c in (claims or {}).items()]
         # One fraction per container: two claims on one GPU in one container would both mount
@@ -521,6 +523,12 @@ class E2E:
             "containers": containers or [{"name": "main"}],
             "resourceClaims": refs,
         }
+        if run_as_user is not None:
+            spec["securityContext"] = {
+                "runAsNonRoot": True,
+                "runAsUser": run_as_user,
+                "runAsGroup": run_as_user,
+            }
         return self.create_pod(name, spec)
 
     def create_pod(self, name: str, spec: Mapping[str, Any], probe: bool = False) -> dict[str, Any]:

@@ -60,8 +60,12 @@ def start(
     node: int = 0,
     parameters: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """A running pod's claim with its device status written. The pod runs as UID 1000: a
+    root container on an MPS GPU gets its claim a second condition (NonRootClients) once the
+    plugin's periodic check sees it, which made the one-condition check below depend on
+    timing (it failed under load); the root case is tested in test_e2e_tenants."""
     e2e.template(name, device_class, selectors=[ON_GPU.format(gpu)], parameters=parameters)
-    e2e.pod(name, e2e.nodes[node], templates={"gpu": name})
+    e2e.pod(name, e2e.nodes[node], templates={"gpu": name}, run_as_user=1000)
     e2e.wait_running(name)
     check_prepared(e2e, name)
     return written(e2e, name)
