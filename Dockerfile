@@ -5,19 +5,20 @@
 #
 # The same content as `make image` (hack/build-image, i.e. devtools/buildimage.py, which needs
 # neither Docker nor a registry): the build stage runs `hack/build-image --rootfs-only`, which
-# assembles the root filesystem from the Debian bookworm packages pinned in
-# devtools/image-packages.txt and the wheels pinned by version and sha256 in
+# makes the root filesystem with mmdebstrap from the Debian bookworm packages pinned in
+# devtools/image-packages.txt and adds the wheels pinned by version and sha256 in
 # requirements-image.txt (the runtime closure of pyproject.toml; a test checks the direct
-# pins), with fixed file times and byte code compiled with hash-based invalidation. The final image is that file tree and nothing else: the
-# debian:bookworm stage only provides the tools (apt-get, dpkg-deb, python3, pip), so its tag
-# needs no digest. There is no shell in the image.
+# pins), with fixed file times and byte code compiled with hash-based invalidation. The final
+# image is that file tree and nothing else: the debian:bookworm stage only provides the tools
+# (mmdebstrap, apt, dpkg, python3, pip), so its tag needs no digest. There is no shell in the
+# image.
 #
 # UNTESTED WITH DOCKER: written where no Docker daemon could run; `make image` builds and
 # tests the same root filesystem. If a pinned Debian version has been superseded, the build
 # fails and says how to update devtools/image-packages.txt.
 FROM --platform=linux/amd64 docker.io/library/debian:bookworm AS build
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-pip
+ && apt-get install -y --no-install-recommends python3 python3-pip mmdebstrap
 WORKDIR /src
 COPY pyproject.toml requirements-image.txt ./
 COPY hack/build-image hack/

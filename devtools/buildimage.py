@@ -9,25 +9,30 @@ Images (linux/amd64, one layer each, made only of pinned Debian bookworm package
            and the tenant probe (dra_driver/mpsemu/probe.py as /usr/local/bin/tenant-probe),
            which connects to its MPS namespace as a CUDA client would.
 
-Debian packages are pinned in devtools/image-packages.txt, fetched with `apt-get download` and
-unpacked with `dpkg-deb -x` (no maintainer scripts run); wheels are pinned by version and
-sha256 in requirements-image.txt and fetched with `pip download`. Both are cached under
-${DRA_DRIVER_CACHE:-~/.cache/dra-driver}/images. The archives are reproducible (file times
-SOURCE_DATE_EPOCH, default 0; sorted entries; owner 0:0; byte code with hash-based
-invalidation): the same inputs give the same digest, and an image whose inputs did not change
-is not rebuilt.
+Debian's own tools do the work: `mmdebstrap --variant=extract` makes each root filesystem
+from the packages pinned in devtools/image-packages.txt (apt resolves the dependencies; the
+build fails unless what it resolved is exactly the pinned set; merged /usr by mmdebstrap's
+merged-usr hook; documentation left out by dpkg path filters), and `umoci` turns the finished
+tree into an OCI image layout. Ours is only the glue: the wheels (pinned by version and sha256
+in requirements-image.txt, fetched with `pip download`, cached under
+${DRA_DRIVER_CACHE:-~/.cache/dra-driver}/images), the driver's files, byte code, the image
+configuration, and the archive. The archives are reproducible (file times SOURCE_DATE_EPOCH,
+default 0; the layer written by GNU tar sorted, owner 0:0, normalized modes; byte code with
+hash-based invalidation): the same inputs give the same digest, and an image whose inputs did
+not change is not rebuilt.
 
 Usage:
-  hack/build-image [--out DIR] [--force] [--compression gzip|none] [--plugin-ref REF]
-                   [--pause-ref REF] [--busybox-ref REF] [--tenant-ref REF]
-                   [plugin|pause|busybox|tenant ...]
+  hack/build-image [--out DIR] [--force] [--plugin-ref REF] [--pause-ref REF]
+                   [--busybox-ref REF] [--tenant-ref REF] [plugin|pause|busybox|tenant ...]
   hack/build-image --print-ref IMAGE      the image reference that a build would use
   hack/build-image --rootfs-only DIR      only the plugin's root filesystem, into DIR
   hack/build-image --lock-hashes          re-pin the wheel hashes of requirements-image.txt
 
 Output: build/images/<image>.oci.tar (OCI image layout, plus a manifest.json for docker load).
 Load it with `ctr -n k8s.io images import build/images/plugin.oci.tar`.
-Needs a Debian bookworm amd64 host (or container) with apt-get, dpkg-deb and pip.
+Needs mmdebstrap, umoci, GNU tar and pip (hack/install-node-prereqs installs the Debian
+packages), root (mmdebstrap's root mode: the tests and CI run as root), and the Debian and
+Python package indexes on first use.
 """
 
 from __future__ import annotations
@@ -35,18 +40,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
-import gzip
 import hashlib
-import io
 import json
 import os
 import re
 import shutil
 import stat
-import struct
 import subprocess
 import sys
-import tarfile
 import tempfile
 import tomllib
 import zipfile
@@ -64,54 +65,65 @@ PACKAGE_DIR = ROOT / "dra_driver"
 IMAGES = ("plugin", "pause", "busybox", "tenant")
 PROBE = PACKAGE_DIR / "mpsemu" / "probe.py"
 LAUNCHERS = PACKAGE_DIR / "mpsemu" / "bin"
-"""The MPS emulator's programs (``nvidia-cuda-mps-control``, ``-server``): in the plugin image
-for simulated nodes, under the package, never on ``PATH``."""
-"""The tenant probe, a standard-library-only script (the tenant image's program)."""
+
+# The images are linux/amd64 only: the pinned .debs, the wheel platform tags and the
+# dynamic loader used to run the image's own python3.11 while building.
 DEB_ARCH = "amd64"
 TRIPLET = "x86_64-linux-gnu"
 PYTHON = "python3.11"
 SITE = f"usr/local/lib/{PYTHON}/dist-packages"
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# Wheels: CPython 3.11 on glibc 2.36 (bookworm), x86_64.
+# manylinux tags that Debian bookworm's glibc 2.36 can run, newest first.
 WHEEL_PLATFORMS = [f"manylinux_2_{v}_x86_64" for v in range(36, 4, -1)] + ["manylinux2014_x86_64"]
 
 MEDIA_INDEX = "application/vnd.oci.image.index.v1+json"
 MEDIA_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-MEDIA_CONFIG = "application/vnd.oci.image.config.v1+json"
-MEDIA_LAYER = "application/vnd.oci.image.layer.v1.tar"
 
-# Dropped from every image: documentation (but not the copyright files), translations and
-# integration files of tools that are not there.
-PRUNE = (
-    "usr/share/man",
-    "usr/share/info",
-    "usr/share/lintian",
-    "usr/share/locale",
-    "usr/share/binfmts",
-    "usr/lib/binfmt.d",
-    "usr/share/bug",
+# Where mmdebstrap takes the packages from (Debian bookworm with its point-release updates and
+# security updates), and its hook that lays out the merged /usr.
+DEBIAN_SOURCES = (
+    "deb http://deb.debian.org/debian bookworm main",
+    "deb http://deb.debian.org/debian bookworm-updates main",
+    "deb http://deb.debian.org/debian-security bookworm-security main",
 )
-# Dropped from the plugin image: glibc's iconv modules (Python has its own codecs), the
-# stdlib's test and Python 2 conversion modules, the stdlib extension modules whose libraries
-# are left out (curses, readline, dbm, nis, sqlite3, crypt, uuid: unused by the driver;
-# importing them raises ImportError; the closure check below keeps this honest), and the
-# asyncio copy of the Kubernetes client (kubernetes.aio, 68 MiB; the driver uses the
-# synchronous one).
-DROPPED_MODULES = (
-    "_curses _curses_panel readline _dbm nis _sqlite3 _crypt _uuid _testcapi _testinternalcapi"
-    " _testbuffer _testimportmultiple _testmultiphase _testclinic _ctypes_test xxlimited"
-    " xxlimited_35 xxsubtype"
+MERGED_USR_HOOKS = "/usr/share/mmdebstrap/hooks/merged-usr"
+# dpkg path filters (dpkg(1) --path-exclude): every image leaves out documentation (but not
+# the copyright files), translations and integration files of tools that are not there.
+DPKG_FILTERS = (
+    "path-exclude=/usr/share/doc/*",
+    "path-include=/usr/share/doc/*/copyright",
+    "path-exclude=/usr/share/man/*",
+    "path-exclude=/usr/share/info/*",
+    "path-exclude=/usr/share/lintian/*",
+    "path-exclude=/usr/share/locale/*",
+    "path-exclude=/usr/share/bug/*",
+    "path-exclude=/usr/share/binfmts/*",
+    "path-exclude=/usr/lib/binfmt.d/*",
 )
+# What mmdebstrap's setup leaves in the tree for apt and dpkg, and files it copies from the
+# build host (resolv.conf, hostname): removed; /var/lib/dpkg is rewritten (dpkg_status).
+SETUP_FILES = (
+    "etc/apt",
+    "etc/dpkg/dpkg.cfg.d/99mmdebstrap",
+    "etc/resolv.conf",
+    "etc/hostname",
+    "etc/fstab",
+    "var/cache/apt",
+    "var/lib/apt",
+    "var/log/apt",
+    "var/lib/dpkg",
+)
+# Dropped from the plugin image (and the tenant's python): glibc's iconv modules (Python has
+# its own codecs), the stdlib's Python 2 conversion and documentation modules, the CA tool
+# whose work ca_bundle does, and the asyncio copy of the Kubernetes client (kubernetes.aio,
+# 68 MiB; the driver uses the synchronous one).
 PRUNE_PLUGIN = (
     f"usr/lib/{TRIPLET}/gconv",
     f"usr/lib/{PYTHON}/lib2to3",
     f"usr/lib/{PYTHON}/pydoc_data",
     "usr/sbin/update-ca-certificates",
     f"{SITE}/kubernetes/aio",
-) + tuple(
-    f"usr/lib/{PYTHON}/lib-dynload/{m}.cpython-311-{TRIPLET}.so" for m in DROPPED_MODULES.split()
 )
-
 # The pause image's command: sleeps until SIGTERM or SIGINT, then exits 0 at once (a shell
 # runs traps only between commands, hence the sleep in the background and `wait`). As PID 1
 # it also reaps orphans (ash's wait reaps any child). Applets are called by path: the pause
@@ -255,54 +267,123 @@ def image_config(image: str, ref: str) -> dict[str, Any]:
     return {"Cmd": ["sh"], "Env": [PATH_ENV], "WorkingDir": "/", "Labels": labels}
 
 
-# --- Inputs: Debian packages and wheels ------------------------------------------------------
+# --- Root filesystems: mmdebstrap ------------------------------------------------------------
 
 
-def fetch_debs(debs: list[Deb], cache: Path) -> list[Path]:
-    """The .deb files of ``debs``, downloaded into ``cache`` with apt-get when missing."""
-    cache.mkdir(parents=True, exist_ok=True)
+def debian_root(debs: list[Deb], root: Path) -> None:
+    """The Debian part of an image in ``root`` (an empty directory): ``debs`` and nothing else,
+    extracted by mmdebstrap (no maintainer scripts run), with merged /usr, without
+    documentation, without mmdebstrap's setup files, and with /var/lib/dpkg/status listing the
+    packages.
 
-    def cached(d: Deb) -> Path | None:
-        quoted = d.version.replace(":", "%3a")
-        return next(iter(sorted(cache.glob(f"{d.name}_{quoted}_*.deb"))), None)
-
-    missing = [d for d in debs if cached(d) is None]
-    if missing:
-        log(f"downloading {len(missing)} Debian packages")
-        with tempfile.TemporaryDirectory(dir=cache) as tmp:
-            if apt_download([d.pin for d in missing], tmp).returncode != 0:
-                # Which ones? One at a time, for the message.
-                bad = [(d, apt_download([d.pin], tmp).stderr.strip()) for d in missing]
-                lines = [f"  {d.pin}: {err.splitlines()[-1]}" for d, err in bad if err]
-                names = " ".join(d.name for d, err in bad if err)
-                raise BuildError(
-                    "pinned Debian packages cannot be downloaded:\n"
-                    + "\n".join(lines)
-                    + "\nDebian replaces versions on point releases and security updates. Run"
-                    f"\n  apt-get update && apt-cache policy {names}\nand set the pins in "
-                    f"{PACKAGES_FILE.relative_to(ROOT)} to the Candidate versions."
-                )
-            for f in Path(tmp).glob("*.deb"):
-                f.rename(cache / f.name)
-    paths = []
-    for d in debs:
-        path = cached(d)
-        if path is None:
-            raise BuildError(f"apt-get download {d.pin} gave no file {d.name}_*.deb")
-        fields = run(["dpkg-deb", "-f", str(path), "Package", "Version", "Architecture"]).stdout
-        got = dict(line.split(": ", 1) for line in fields.splitlines())
-        arch_ok = got["Architecture"] in (DEB_ARCH, "all")
-        if (got["Package"], got["Version"]) != (d.name, d.version) or not arch_ok:
-            raise BuildError(f"{path} is not {d.pin} for {DEB_ARCH}: {got}")
-        paths.append(path)
-    return paths
+    Raises:
+        BuildError: a pin that Debian no longer serves (with how to update the pins), or
+            dependencies that apt resolved beyond the pinned set (named, to be pinned).
+    """
+    argv = [
+        "mmdebstrap", "--variant=extract", "--format=directory", "--quiet",
+        f"--architectures={DEB_ARCH}", f"--include={','.join(d.pin for d in debs)}",
+        f"--hook-dir={MERGED_USR_HOOKS}", "--skip=cleanup/apt/cache", "--skip=chroot/mount",
+        *[f"--dpkgopt={f}" for f in DPKG_FILTERS], "bookworm", str(root), *DEBIAN_SOURCES,
+    ]  # fmt: skip
+    proc = subprocess.run(argv, text=True, capture_output=True)
+    if proc.returncode != 0:
+        out = (proc.stdout + proc.stderr).strip()
+        hint = ""
+        if "was not found" in out or "has no installation candidate" in out:
+            hint = (
+                "\nDebian replaces versions on point releases and security updates. Run"
+                "\n  apt-get update && apt-cache policy NAME\nand set the pins in "
+                f"{PACKAGES_FILE.relative_to(ROOT)} to the Candidate versions."
+            )
+        raise BuildError(f"mmdebstrap failed (exit {proc.returncode}):\n{out}{hint}")
+    controls = [
+        run(["dpkg-deb", "-f", str(deb)]).stdout.rstrip("\n")
+        for deb in sorted((root / "var/cache/apt/archives").glob("*.deb"))
+    ]
+    check_pins(controls, debs)
+    for rel in SETUP_FILES:
+        remove(root / rel)
+    for entry in sorted((root / "dev").iterdir()):
+        remove(entry)
+    dpkg_status(root, controls)
 
 
-def apt_download(pins: list[str], cwd: str) -> subprocess.CompletedProcess[str]:
-    # As root, apt would try to drop to its sandbox user, who cannot write to a home directory.
-    opts = ["-o", "APT::Sandbox::User=root"] if os.geteuid() == 0 else []
-    argv = ["apt-get", "download", "-q", *opts, *pins]
-    return subprocess.run(argv, cwd=cwd, text=True, capture_output=True)
+def control_fields(control: str) -> dict[str, str]:
+    """The single-line fields of a package's control text (``dpkg-deb -f``)."""
+    return dict(
+        line.split(": ", 1) for line in control.splitlines() if ": " in line and line[0] != " "
+    )
+
+
+def check_pins(controls: list[str], debs: list[Deb]) -> None:
+    """Fail unless the packages mmdebstrap extracted (their control texts) are exactly the
+    pinned ``debs``."""
+    got = {(f["Package"], f["Version"]) for f in map(control_fields, controls)}
+    want = {(d.name, d.version) for d in debs}
+    extra = sorted(f"{n}={v}" for n, v in got - want)
+    missing = sorted(f"{n}={v}" for n, v in want - got)
+    if extra or missing:
+        raise BuildError(
+            f"the packages apt resolved differ from the pins in {PACKAGES_FILE.name}"
+            + (f"\n  resolved but not pinned: {' '.join(extra)}" if extra else "")
+            + (f"\n  pinned but not resolved: {' '.join(missing)}" if missing else "")
+            + "\nPin exactly what apt resolves (a dependency of a pinned package changed)."
+        )
+
+
+def remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def write(root: Path, rel: str, text: str, mode: int = 0o644) -> None:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+
+
+def base_files(root: Path) -> None:
+    """Mount points, root's account and name service configuration."""
+    for d in ("dev", "proc", "sys", "etc", "root", "run", "var/tmp", "tmp"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    (root / "tmp").chmod(0o1777)
+    (root / "var/tmp").chmod(0o1777)
+    write(root, "etc/passwd", PASSWD)
+    write(root, "etc/group", GROUP)
+    write(root, "etc/nsswitch.conf", NSSWITCH)
+
+
+def dpkg_status(root: Path, controls: list[str]) -> None:
+    """/var/lib/dpkg/status, so that image scanners see the Debian packages and versions."""
+    stanzas = []
+    for control in controls:
+        first, rest = control.split("\n", 1)
+        stanzas.append(f"{first}\nStatus: install ok installed\n{rest}\n")
+    write(root, "var/lib/dpkg/status", "\n".join(sorted(stanzas)))
+
+
+def ca_bundle(root: Path) -> None:
+    """What update-ca-certificates would make: /etc/ssl/certs/ca-certificates.crt."""
+    certs = sorted((root / "usr/share/ca-certificates").rglob("*.crt"))
+    if not certs:
+        raise BuildError("ca-certificates: no certificates found")
+    bundle = "".join(c.read_text().rstrip("\n") + "\n" for c in certs)
+    write(root, "etc/ssl/certs/ca-certificates.crt", bundle)
+    ssl = root / "usr/lib/ssl"
+    ssl.mkdir(parents=True, exist_ok=True)
+    for name, target in (
+        ("certs", "/etc/ssl/certs"),
+        ("cert.pem", "/etc/ssl/certs/ca-certificates.crt"),
+    ):
+        if not (ssl / name).is_symlink():
+            (ssl / name).symlink_to(target)
+
+
+# --- Wheels ----------------------------------------------------------------------------------
 
 
 def pip_download(wheels: list[Wheel], dest: Path, *, hashes: bool = True) -> None:
@@ -368,95 +449,6 @@ def lock_hashes() -> None:
     log(f"{LOCK_FILE.name}: {len(wheels)} pins hashed")
 
 
-# --- Root filesystems ------------------------------------------------------------------------
-
-
-def unpack_debs(debs: list[Path], root: Path) -> None:
-    for deb in debs:
-        run(["dpkg-deb", "-x", str(deb), str(root)])
-    merge_usr(root)
-    for rel in PRUNE:
-        remove(root / rel)
-    doc = root / "usr/share/doc"
-    if doc.is_dir():
-        for path in sorted(doc.rglob("*"), reverse=True):
-            if path.is_symlink() or path.is_file():
-                if path.name != "copyright":
-                    path.unlink()
-            elif path.is_dir() and not any(path.iterdir()):
-                path.rmdir()
-
-
-def merge_usr(root: Path) -> None:
-    """Debian's merged /usr: /bin, /sbin, /lib and /lib64 become links into /usr."""
-    for top in ("bin", "sbin", "lib", "lib64"):
-        src, dst = root / top, root / "usr" / top
-        dst.mkdir(parents=True, exist_ok=True)
-        if src.is_dir() and not src.is_symlink():
-            for path in sorted(src.rglob("*")):
-                target = dst / path.relative_to(src)
-                if path.is_dir() and not path.is_symlink():
-                    target.mkdir(exist_ok=True)
-                elif target.exists() or target.is_symlink():
-                    raise BuildError(f"/{path.relative_to(root)} and /usr/{top} both have it")
-                else:
-                    path.rename(target)
-            shutil.rmtree(src)
-        src.symlink_to(f"usr/{top}")
-
-
-def remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
-
-
-def write(root: Path, rel: str, text: str, mode: int = 0o644) -> None:
-    path = root / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    path.chmod(mode)
-
-
-def base_files(root: Path) -> None:
-    """Mount points, root's account and name service configuration."""
-    for d in ("dev", "proc", "sys", "etc", "root", "run", "var/tmp", "tmp"):
-        (root / d).mkdir(parents=True, exist_ok=True)
-    (root / "tmp").chmod(0o1777)
-    (root / "var/tmp").chmod(0o1777)
-    write(root, "etc/passwd", PASSWD)
-    write(root, "etc/group", GROUP)
-    write(root, "etc/nsswitch.conf", NSSWITCH)
-
-
-def dpkg_status(root: Path, debs: list[Path]) -> None:
-    """/var/lib/dpkg/status, so that image scanners see the Debian packages and versions."""
-    stanzas = []
-    for deb in debs:
-        control = run(["dpkg-deb", "-f", str(deb)]).stdout.rstrip("\n")
-        first, rest = control.split("\n", 1)
-        stanzas.append(f"{first}\nStatus: install ok installed\n{rest}\n")
-    write(root, "var/lib/dpkg/status", "\n".join(sorted(stanzas)))
-
-
-def ca_bundle(root: Path) -> None:
-    """What update-ca-certificates would make: /etc/ssl/certs/ca-certificates.crt."""
-    certs = sorted((root / "usr/share/ca-certificates").rglob("*.crt"))
-    if not certs:
-        raise BuildError("ca-certificates: no certificates found")
-    bundle = "".join(c.read_text().rstrip("\n") + "\n" for c in certs)
-    write(root, "etc/ssl/certs/ca-certificates.crt", bundle)
-    ssl = root / "usr/lib/ssl"
-    ssl.mkdir(parents=True, exist_ok=True)
-    for name, target in (
-        ("certs", "/etc/ssl/certs"),
-        ("cert.pem", "/etc/ssl/certs/ca-certificates.crt"),
-    ):
-        if not (ssl / name).is_symlink():
-            (ssl / name).symlink_to(target)
-
-
 def unpack_wheel(whl: Path, site: Path) -> None:
     """Install a wheel: its files into ``site`` (a wheel of only purelib/platlib files)."""
     with zipfile.ZipFile(whl) as z:
@@ -503,8 +495,8 @@ def rootfs_python(root: Path, args: list[str]) -> None:
     run([*argv, str(root / "usr/bin" / PYTHON), "-s", *args], env={**env, "LC_ALL": "C.UTF-8"})
 
 
-def assemble_plugin(root: Path, debs: list[Path], wheels: list[Path]) -> None:
-    unpack_debs(debs, root)
+def assemble_plugin(root: Path, debs: list[Deb], wheels: list[Path]) -> None:
+    debian_root(debs, root)
     base_files(root)
     ca_bundle(root)
     (root / "usr/bin/python3").symlink_to(PYTHON)
@@ -522,8 +514,6 @@ def assemble_plugin(root: Path, debs: list[Path], wheels: list[Path]) -> None:
     write(root, "usr/local/bin/dra-driver", ENTRY_POINT, 0o755)
     for rel in PRUNE_PLUGIN:
         remove(root / rel)
-    dpkg_status(root, debs)
-    check_closure(root)
     # Byte code by the image's own interpreter, deterministic (hash seed 0, one process) and
     # valid without timestamps; the image runs with PYTHONDONTWRITEBYTECODE on a read-only
     # root filesystem.
@@ -538,7 +528,7 @@ def assemble_plugin(root: Path, debs: list[Path], wheels: list[Path]) -> None:
     rootfs_python(root, [str(emulator), "-h"])
 
 
-def assemble_tenant(root: Path, debs: list[Path]) -> None:
+def assemble_tenant(root: Path, debs: list[Deb]) -> None:
     """busybox with its applets, python3.11 (pruned as the plugin's) and the tenant probe."""
     python = tuple(rel for rel in PRUNE_PLUGIN if not rel.startswith(SITE))
     assemble_busybox(root, debs, applets=True, prune=python)
@@ -549,9 +539,9 @@ def assemble_tenant(root: Path, debs: list[Path]) -> None:
 
 
 def assemble_busybox(
-    root: Path, debs: list[Path], applets: bool, prune: tuple[str, ...] = ()
+    root: Path, debs: list[Deb], applets: bool, prune: tuple[str, ...] = ()
 ) -> None:
-    unpack_debs(debs, root)
+    debian_root(debs, root)
     for rel in prune:
         remove(root / rel)
     base_files(root)
@@ -565,99 +555,9 @@ def assemble_busybox(
             link = root / "usr" / top.removeprefix("usr/") / name
             if not (link.exists() or link.is_symlink()):
                 link.symlink_to("busybox" if link.parent == busybox.parent else "../bin/busybox")
-    dpkg_status(root, debs)
-    check_closure(root)
 
 
-# --- The closure check: every ELF file's libraries are in the image --------------------------
-
-
-def resolve_in(root: Path, rel: str) -> Path | None:
-    """``rel`` resolved inside ``root`` as a chroot would (symlinks too); None if missing."""
-    parts = [p for p in rel.split("/") if p not in ("", ".")]
-    cur: list[str] = []
-    hops = 0
-    while parts:
-        part = parts.pop(0)
-        if part == "..":
-            cur = cur[:-1]
-            continue
-        path = root.joinpath(*cur, part)
-        if path.is_symlink():
-            hops += 1
-            if hops > 40:
-                return None
-            target = os.readlink(path)
-            if target.startswith("/"):
-                cur = []
-            parts = [p for p in target.split("/") if p not in ("", ".")] + parts
-        elif os.path.lexists(path):
-            cur.append(part)
-        else:
-            return None
-    return root.joinpath(*cur)
-
-
-def elf_deps(data: bytes) -> tuple[str | None, list[str], list[str]] | None:
-    """(PT_INTERP, DT_NEEDED, DT_RUNPATH+DT_RPATH) of a little-endian ELF64 file; None if the
-    file is not one."""
-    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
-        return None
-    phoff, = struct.unpack_from("<Q", data, 0x20)  # fmt: skip
-    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
-    loads, dynamic, interp = [], None, None
-    for i in range(phnum):
-        p_type, _, off, vaddr, _, filesz = struct.unpack_from(
-            "<IIQQQQ", data, phoff + i * phentsize
-        )
-        if p_type == 1:
-            loads.append((vaddr, off, filesz))
-        elif p_type == 2:
-            dynamic = (off, filesz)
-        elif p_type == 3:
-            interp = data[off : off + filesz].rstrip(b"\0").decode()
-    if dynamic is None:
-        return interp, [], []
-    entries = [struct.unpack_from("<qQ", data, dynamic[0] + i) for i in range(0, dynamic[1], 16)]
-    strtab = next(v for t, v in entries if t == 5)
-    base = next(
-        off + strtab - vaddr for vaddr, off, size in loads if vaddr <= strtab < vaddr + size
-    )
-
-    def string(at: int) -> str:
-        return data[base + at : data.index(b"\0", base + at)].decode()
-
-    needed = [string(v) for t, v in entries if t == 1]
-    paths = [p for t, v in entries if t in (15, 29) for p in string(v).split(":")]
-    return interp, needed, paths
-
-
-def check_closure(root: Path) -> None:
-    """Fail unless every ELF file's interpreter and libraries resolve inside ``root``."""
-    default = [f"usr/lib/{TRIPLET}", "usr/lib", "usr/lib64"]
-    missing = []
-    for rel, path, st in walk(root):
-        if not stat.S_ISREG(st.st_mode) or st.st_size < 64:
-            continue
-        with path.open("rb") as f:
-            if f.read(4) != b"\x7fELF":
-                continue
-        deps = elf_deps(path.read_bytes())
-        if deps is None:
-            continue
-        interp, needed, rpaths = deps
-        origin = str(Path(rel).parent)
-        dirs = [p.replace("$ORIGIN", origin).replace("${ORIGIN}", origin) for p in rpaths]
-        if interp and resolve_in(root, interp) is None:
-            missing.append(f"/{rel}: interpreter {interp}")
-        for lib in needed:
-            if not any(resolve_in(root, f"{d}/{lib}") for d in dirs + default):
-                missing.append(f"/{rel}: {lib}")
-    if missing:
-        raise BuildError("libraries missing from the image:\n  " + "\n  ".join(missing))
-
-
-# --- Layers and OCI archives -----------------------------------------------------------------
+# --- Layers and OCI archives: GNU tar and umoci ----------------------------------------------
 
 
 def walk(root: Path) -> Iterator[tuple[str, Path, os.stat_result]]:
@@ -685,67 +585,29 @@ def mode_of(st: os.stat_result) -> int:
 
 
 def normalize_tree(root: Path, mtime: int) -> None:
-    """Give the files on disk the modes and times that the layer records."""
+    """Give the files on disk the modes (:func:`mode_of`) and times that the layer records.
+
+    Raises:
+        BuildError: something other than a file, directory or symlink (a device node).
+    """
     entries = list(walk(root))
-    for _, path, st in entries:
+    for rel, path, st in entries:
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+            raise BuildError(f"/{rel}: not a file, directory or symlink")
         if not stat.S_ISLNK(st.st_mode):
             path.chmod(mode_of(st))
     for _, path, _ in [*reversed(entries), ("", root, root.lstat())]:
         os.utime(path, (mtime, mtime), follow_symlinks=False)
 
 
-class HashingWriter(io.RawIOBase):
-    """Writes through to ``out`` and keeps the sha256 and size of what went through."""
-
-    def __init__(self, out: Any) -> None:
-        self.out = out
-        self.hash = hashlib.sha256()
-        self.size = 0
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, b: Any) -> int:
-        data = bytes(b)
-        self.hash.update(data)
-        self.size += len(data)
-        self.out.write(data)
-        return len(data)
-
-    def tell(self) -> int:
-        return self.size
-
-    @property
-    def digest(self) -> str:
-        return "sha256:" + self.hash.hexdigest()
-
-
-def write_layer(root: Path, out: Any, mtime: int) -> None:
-    """A tar of ``root``: sorted, owner 0:0, normalized modes, all times ``mtime``."""
-    links: dict[tuple[int, int], str] = {}
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for rel, path, st in walk(root):
-            info = tarfile.TarInfo(rel)
-            info.mtime, info.mode = mtime, mode_of(st)
-            info.uid = info.gid = 0
-            info.uname = info.gname = "root"
-            if stat.S_ISDIR(st.st_mode):
-                info.type = tarfile.DIRTYPE
-            elif stat.S_ISLNK(st.st_mode):
-                info.type, info.linkname = tarfile.SYMTYPE, os.readlink(path)
-            elif stat.S_ISREG(st.st_mode):
-                key = (st.st_dev, st.st_ino)
-                if st.st_nlink > 1 and key in links:
-                    info.type, info.linkname = tarfile.LNKTYPE, links[key]
-                else:
-                    links[key] = rel
-                    info.size = st.st_size
-                    with path.open("rb") as f:
-                        tar.addfile(info, f)
-                    continue
-            else:
-                raise BuildError(f"/{rel}: not a file, directory or symlink")
-            tar.addfile(info)
+def reproducible_tar(directory: Path, names: list[str], out: Path, mtime: int) -> None:
+    """GNU tar of ``names`` in ``directory``: sorted, owner 0:0, every time ``mtime``, no
+    access or change times (the tar manual's "Reproducibility" options)."""
+    run(
+        ["tar", "--create", f"--file={out}", f"--directory={directory}", "--sort=name",
+         "--format=posix", "--pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime",
+         f"--mtime=@{mtime}", "--owner=0", "--group=0", "--numeric-owner", "--", *names]
+    )  # fmt: skip
 
 
 def dumps(obj: Any) -> bytes:
@@ -759,103 +621,67 @@ class Built:
     layer_size: int  # uncompressed
 
 
-def write_archive(
-    root: Path, config: dict[str, Any], ref: str, out: Path, mtime: int, compress: bool
-) -> Built:
-    """An OCI image layout archive (plus docker's manifest.json) with one layer of ``root``."""
+def config_args(config: dict[str, Any]) -> list[str]:
+    """``umoci config`` options that set the image configuration ``config``
+    (:func:`image_config`)."""
+    args = [f"--config.entrypoint={a}" for a in config.get("Entrypoint", [])]
+    args += [f"--config.cmd={a}" for a in config.get("Cmd", [])]
+    args += [f"--config.env={e}" for e in config.get("Env", [])]
+    args += [f"--config.label={k}={v}" for k, v in sorted(config.get("Labels", {}).items())]
+    if "WorkingDir" in config:
+        args.append(f"--config.workingdir={config['WorkingDir']}")
+    if "User" in config:
+        args.append(f"--config.user={config['User']}")
+    return args
+
+
+def write_archive(root: Path, config: dict[str, Any], ref: str, out: Path, mtime: int) -> Built:
+    """An OCI image layout archive (plus docker's manifest.json) with one gzip layer of
+    ``root``: the layer by GNU tar, the image (config, manifest, blobs) by umoci, the index's
+    name annotations and the archive by us."""
     created = f"{datetime.fromtimestamp(mtime, tz=UTC):%Y-%m-%dT%H:%M:%SZ}"
-    blobs: dict[str, bytes | Path] = {}
+    normalize_tree(root, mtime)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        layer_path = Path(tmp) / "layer"
-        with layer_path.open("wb") as f:
-            blob = HashingWriter(f)
-            if compress:
-                with gzip.GzipFile(fileobj=blob, mode="wb", compresslevel=6, mtime=0) as gz:
-                    diff = HashingWriter(gz)
-                    write_layer(root, diff, mtime)
-            else:
-                diff = blob
-                write_layer(root, diff, mtime)
-        blobs[blob.digest] = layer_path
-        media = MEDIA_LAYER + ("+gzip" if compress else "")
-        layer = {"mediaType": media, "digest": blob.digest, "size": blob.size}
-        image = {
-            "created": created,
-            "architecture": DEB_ARCH,
-            "os": "linux",
-            "config": config,
-            "rootfs": {"type": "layers", "diff_ids": [diff.digest]},
-            "history": [{"created": created, "created_by": "hack/build-image"}],
+        layer, layout = Path(tmp) / "layer.tar", Path(tmp) / "layout"
+        reproducible_tar(root, sorted(os.listdir(root)), layer, mtime)
+        image = f"{layout}:image"
+        run(["umoci", "init", "--layout", str(layout)])
+        run(["umoci", "new", "--image", image])
+        run(["umoci", "raw", "add-layer", "--image", image, f"--history.created={created}",
+             "--history.created_by=hack/build-image", str(layer)])  # fmt: skip
+        run(["umoci", "config", "--image", image, "--no-history", f"--created={created}",
+             "--os=linux", f"--architecture={DEB_ARCH}", *config_args(config)])  # fmt: skip
+        run(["umoci", "gc", "--layout", str(layout)])
+        [desc] = json.loads((layout / "index.json").read_text())["manifests"]
+        manifest = json.loads(blob_path(layout, desc["digest"]).read_text())
+        desc["platform"] = {"architecture": DEB_ARCH, "os": "linux"}
+        desc["annotations"] = {
+            "io.containerd.image.name": ref,
+            "org.opencontainers.image.ref.name": ref,
         }
-        config_blob = dumps(image)
-        config_digest = "sha256:" + hashlib.sha256(config_blob).hexdigest()
-        blobs[config_digest] = config_blob
-        manifest = dumps(
-            {
-                "schemaVersion": 2,
-                "mediaType": MEDIA_MANIFEST,
-                "config": {
-                    "mediaType": MEDIA_CONFIG,
-                    "digest": config_digest,
-                    "size": len(config_blob),
-                },
-                "layers": [layer],
-            }
-        )
-        digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
-        blobs[digest] = manifest
-        index = {
-            "schemaVersion": 2,
-            "mediaType": MEDIA_INDEX,
-            "manifests": [
-                {
-                    "mediaType": MEDIA_MANIFEST,
-                    "digest": digest,
-                    "size": len(manifest),
-                    "platform": {"architecture": DEB_ARCH, "os": "linux"},
-                    "annotations": {
-                        "io.containerd.image.name": ref,
-                        "org.opencontainers.image.ref.name": ref,
-                    },
-                }
-            ],
+        index = {"schemaVersion": 2, "mediaType": MEDIA_INDEX, "manifests": [desc]}
+        (layout / "index.json").write_bytes(dumps(index))
+        docker = {
+            "Config": blob_name(manifest["config"]["digest"]),
+            "RepoTags": [ref],
+            "Layers": [blob_name(d["digest"]) for d in manifest["layers"]],
         }
-
-        def blob_name(d: str) -> str:
-            return "blobs/sha256/" + d.removeprefix("sha256:")
-
-        docker = [
-            {
-                "Config": blob_name(config_digest),
-                "RepoTags": [ref],
-                "Layers": [blob_name(blob.digest)],
-            }
-        ]
-        files: dict[str, bytes | Path] = {
-            "oci-layout": dumps({"imageLayoutVersion": "1.0.0"}),
-            "index.json": dumps(index),
-            "manifest.json": dumps(docker),
-        }
-        files.update({blob_name(d): b for d, b in blobs.items()})
+        (layout / "manifest.json").write_bytes(dumps([docker]))
+        for path in [layout, *layout.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
         partial = Path(tmp) / "archive"
-        with tarfile.open(partial, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            for d in ("blobs", "blobs/sha256"):
-                info = tarfile.TarInfo(d)
-                info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, mtime
-                tar.addfile(info)
-            for name in sorted(files):
-                content = files[name]
-                info = tarfile.TarInfo(name)
-                info.mode, info.mtime = 0o644, mtime
-                if isinstance(content, Path):
-                    info.size = content.stat().st_size
-                    with content.open("rb") as src:
-                        tar.addfile(info, src)
-                else:
-                    info.size = len(content)
-                    tar.addfile(info, io.BytesIO(content))
+        names = ["blobs", "index.json", "manifest.json", "oci-layout"]
+        reproducible_tar(layout, names, partial, mtime)
         partial.rename(out)
-    return Built(digest, out.stat().st_size, diff.size)
+        return Built(desc["digest"], out.stat().st_size, layer.stat().st_size)
+
+
+def blob_name(digest: str) -> str:
+    return "blobs/sha256/" + digest.removeprefix("sha256:")
+
+
+def blob_path(layout: Path, digest: str) -> Path:
+    return layout / blob_name(digest)
 
 
 # --- Driver ----------------------------------------------------------------------------------
@@ -866,11 +692,16 @@ def cache_dir() -> Path:
     return Path(base) / "images"
 
 
-def inputs_hash(image: str, ref: str, debs: list[Deb], mtime: int, compress: bool) -> str:
+def tool_versions() -> list[str]:
+    """The versions of the Debian tools that write the bytes (part of the inputs)."""
+    return [run([tool, "--version"]).stdout.strip() for tool in ("mmdebstrap", "umoci", "tar")]
+
+
+def inputs_hash(image: str, ref: str, debs: list[Deb], mtime: int, tools: list[str]) -> str:
     """What determines the image: if it did not change, neither did the archive."""
     h = hashlib.sha256()
     h.update(SCRIPT.read_bytes())
-    h.update(dumps([image, ref, mtime, compress, [d.pin for d in debs]]))
+    h.update(dumps([image, ref, mtime, tools, [d.pin for d in debs]]))
     h.update(dumps(image_config(image, ref)))
     if image == "tenant":
         h.update(PROBE.read_bytes())
@@ -883,31 +714,31 @@ def inputs_hash(image: str, ref: str, debs: list[Deb], mtime: int, compress: boo
 
 
 def assemble(image: str, root: Path, debs: list[Deb], cache: Path) -> None:
-    deb_files = fetch_debs(debs, cache / "debs")
     if image == "plugin":
         wheels = fetch_wheels(parse_lock(LOCK_FILE.read_text()), cache / "wheels")
-        assemble_plugin(root, deb_files, wheels)
+        assemble_plugin(root, debs, wheels)
     elif image == "tenant":
-        assemble_tenant(root, deb_files)
+        assemble_tenant(root, debs)
     else:
-        assemble_busybox(root, deb_files, applets=image == "busybox")
+        assemble_busybox(root, debs, applets=image == "busybox")
 
 
 def human(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
 
-def build(image: str, ref: str, debs: list[Deb], out_dir: Path, args: argparse.Namespace) -> None:
+def build(
+    image: str, ref: str, debs: list[Deb], out_dir: Path, tools: list[str], force: bool
+) -> None:
     mtime = int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
-    compress = args.compression == "gzip"
     out = out_dir / f"{image}.oci.tar"
     stamp = out_dir / f".{image}.stamp"
-    key = inputs_hash(image, ref, debs, mtime, compress)
+    key = inputs_hash(image, ref, debs, mtime, tools)
     try:
         recorded = json.loads(stamp.read_text())
     except (OSError, ValueError):
         recorded = {}
-    if not args.force and out.exists() and recorded.get("inputs") == key:
+    if not force and out.exists() and recorded.get("inputs") == key:
         built = Built(recorded["digest"], out.stat().st_size, recorded["layer_size"])
         status = "up to date"
     else:
@@ -919,7 +750,7 @@ def build(image: str, ref: str, debs: list[Deb], out_dir: Path, args: argparse.N
             root.mkdir()
             assemble(image, root, debs, cache)
             log(f"{image}: writing {out}")
-            built = write_archive(root, image_config(image, ref), ref, out, mtime, compress)
+            built = write_archive(root, image_config(image, ref), ref, out, mtime)
         stamp.write_text(
             dumps({"inputs": key, "digest": built.digest, "layer_size": built.layer_size}).decode()
             + "\n"
@@ -971,7 +802,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=ROOT / "build" / "images",
                    help="output directory (default: build/images)")  # fmt: skip
     p.add_argument("--force", action="store_true", help="rebuild even if the inputs are unchanged")
-    p.add_argument("--compression", choices=("gzip", "none"), default="gzip")
     for name in IMAGES:
         p.add_argument(f"--{name}-ref", metavar="REF", help=f"reference of the {name} image")
     mode = p.add_mutually_exclusive_group()
@@ -1005,8 +835,9 @@ def main(argv: list[str]) -> int:
                 rootfs_only(args.rootfs_only.resolve(), packages["plugin"])
                 return 0
             args.out.mkdir(parents=True, exist_ok=True)
+            tools = tool_versions()
             for name in args.images or IMAGES:
-                build(name, refs[name], packages[name], args.out.resolve(), args)
+                build(name, refs[name], packages[name], args.out.resolve(), tools, args.force)
     except BuildError as e:
         log(f"error: {e}")
         return 1
