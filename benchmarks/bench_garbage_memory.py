@@ -90,13 +90,13 @@ def serve_ours(socket: str, settings: dict[str, Any], ready: Event, stop: Event)
         devices = {d.name: d for d in offered_devices(inventory, load_node_config(None))}
         node = Node(Path(tmp), devices, claims, RecordingEnforcer())
         paths = SocketPaths(registration=Path(tmp) / "reg.sock", dra=Path(socket))
-        driver = node.driver()
-        server = PluginServer(driver, paths, node.health)
+        preparation = node.preparation()
+        server = PluginServer(preparation, paths, node.health)
         server.start()
         ready.set()
         stop.wait()
         server.stop(grace=0.1)
-        driver.close()
+        preparation.close()
 
 
 def rss_kib(pid: int) -> int:

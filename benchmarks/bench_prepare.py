@@ -129,8 +129,8 @@ def main() -> int:
         paths = SocketPaths.for_driver(
             DEFAULT_DRIVER_NAME, str(node.plugin_dir), str(node.registry_dir)
         )
-        driver = node.driver()
-        server = PluginServer(driver, paths, node.health)
+        preparation = node.preparation()
+        server = PluginServer(preparation, paths, node.health)
         server.start()
         kubelet = kubelet_connect(paths)
 
@@ -198,7 +198,7 @@ def main() -> int:
         kubelet.channel.close()
         server.stop(grace=0.5)
         floor_server.stop(0)
-        driver.close()
+        preparation.close()
 
     ms = 1000.0
     print(f"machine: {os.cpu_count()} cpus; calls: {calls} (+{warmup} warm-up)")

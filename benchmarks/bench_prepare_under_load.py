@@ -170,9 +170,9 @@ def main() -> int:
         paths = SocketPaths.for_driver(
             DEFAULT_DRIVER_NAME, str(node.plugin_dir), str(node.registry_dir)
         )
-        driver = node.driver()
-        driver.call_budget = args.call_budget
-        server = PluginServer(driver, paths, node.health, health_interval=20.0)
+        preparation = node.preparation()
+        preparation.call_budget = args.call_budget
+        server = PluginServer(preparation, paths, node.health, health_interval=20.0)
         server.start()
         kubelet = kubelet_connect(paths)
         shared = shared_devices(devices)
@@ -192,7 +192,7 @@ def main() -> int:
 
         kubelet.channel.close()
         server.stop(grace=0.5)
-        driver.close()
+        preparation.close()
 
     ms = 1000.0
     base = percentile(results["(a) idle"], 0.99)

@@ -59,30 +59,30 @@ def test_hung_claim_reads_fail_alone_within_the_budget(node: Node) -> None:
         node.claims.add(c)
     for c in hung:
         node.claims.hang(c)
-    driver = node.driver()
-    driver.call_budget = 2.0
+    preparation = node.preparation()
+    preparation.call_budget = 2.0
     started = time.monotonic()
-    out = driver.prepare([ref(c) for c in (*hung, good)])
+    out = preparation.prepare([ref(c) for c in (*hung, good)])
     took = time.monotonic() - started
     assert took < 3.0, took
     assert out[uid(good)].error == "" and out[uid(good)].devices
     for c in hung:
         assert read_timeout(c, "1") in out[uid(c)].error  # half the budget
         assert not out[uid(c)].devices
-    driver.close()
+    preparation.close()
 
 
 def test_a_hung_read_is_sent_once(node: Node) -> None:
     claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
     node.claims.hang(claim)
-    driver = node.driver()
-    driver.call_budget = 1.0
-    assert read_timeout(claim, "0.5") in driver.prepare([ref(claim)])[uid(claim)].error
+    preparation = node.preparation()
+    preparation.call_budget = 1.0
+    assert read_timeout(claim, "0.5") in preparation.prepare([ref(claim)])[uid(claim)].error
     time.sleep(1.0)  # a client-side retry would arrive now
     m = claim["metadata"]
     assert node.claims.gets[(m["namespace"], m["name"])] == 1
-    driver.close()
+    preparation.close()
 
 
 def test_the_prepare_lock_is_not_held_while_a_claim_is_read(node: Node) -> None:
@@ -91,20 +91,20 @@ def test_the_prepare_lock_is_not_held_while_a_claim_is_read(node: Node) -> None:
     node.claims.add(hung)
     node.claims.add(other)
     node.claims.hang(hung)
-    driver = node.driver()
-    driver.call_budget = 5.0
+    preparation = node.preparation()
+    preparation.call_budget = 5.0
     results: dict[str, Any] = {}
-    first = threading.Thread(target=lambda: results.update(driver.prepare([ref(hung)])))
+    first = threading.Thread(target=lambda: results.update(preparation.prepare([ref(hung)])))
     first.start()
     wait_for("the first read to hang", lambda: node.claims.hanging == 1, timeout=5.0, every=0.01)
     started = time.monotonic()
-    out = driver.prepare([ref(other)])
+    out = preparation.prepare([ref(other)])
     took = time.monotonic() - started
     assert out[uid(other)].error == ""
     assert took < 1.0, took
     first.join()
     assert read_timeout(hung, "2.5") in results[uid(hung)].error
-    driver.close()
+    preparation.close()
 
 
 @pytest.fixture
@@ -134,14 +134,14 @@ def test_a_call_that_cannot_get_the_lock_in_its_budget_fails_clearly(
 ) -> None:
     claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
-    driver = node.driver()
-    driver.call_budget = 1.0
+    preparation = node.preparation()
+    preparation.call_budget = 1.0
     fcntl.flock(other_instance, fcntl.LOCK_EX)
     unlock = threading.Timer(5.0, fcntl.flock, (other_instance, fcntl.LOCK_UN))
     unlock.start()
     started = time.monotonic()
-    out = driver.prepare([ref(claim)])
-    errors = driver.unprepare([ref(claim)])
+    out = preparation.prepare([ref(claim)])
+    errors = preparation.unprepare([ref(claim)])
     took = time.monotonic() - started
     unlock.cancel()
     fcntl.flock(other_instance, fcntl.LOCK_UN)
@@ -150,7 +150,7 @@ def test_a_call_that_cannot_get_the_lock_in_its_budget_fails_clearly(
     assert "did not finish within 1 s" in out[uid(claim)].error
     assert "prepare lock" in errors[uid(claim)]
     assert not (node.cdi_root / f"{DEFAULT_DRIVER_NAME}-claim_{uid(claim)}.json").exists()
-    driver.close()
+    preparation.close()
 
 
 # --- item 7: a hung MPS control daemon ------------------------------------------------------
@@ -177,8 +177,8 @@ class MpsNode:
     def new_enforcer(self) -> MpsEnforcer:
         return MpsEnforcer(self.tiers, self.nvml, self.mps, self.options)
 
-    def driver(self, startup_budget: float = 5.0) -> ClaimPreparation:
-        return self.node.driver(enforcer=self.enforcer, startup_budget=startup_budget)
+    def preparation(self, startup_budget: float = 5.0) -> ClaimPreparation:
+        return self.node.preparation(enforcer=self.enforcer, startup_budget=startup_budget)
 
     def pipe(self, mode: str) -> Path:
         return self.node.root / "run" / "mps" / mode / "pipe"
@@ -188,18 +188,18 @@ def test_hung_mps_daemon_fails_the_claim_within_the_budget(node: Node) -> None:
     mps = MpsNode(node)
     claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
-    driver = mps.driver()
-    driver.call_budget = 2.0
+    preparation = mps.preparation()
+    preparation.call_budget = 2.0
     mps.mps.hang()
     started = time.monotonic()
-    error = driver.prepare([ref(claim)])[uid(claim)].error
+    error = preparation.prepare([ref(claim)])[uid(claim)].error
     took = time.monotonic() - started
     mps.mps.release()
     assert took < 3.0, took
     assert "did not finish within" in error and "MPS" in error, error
     assert not (node.cdi_root / f"{DEFAULT_DRIVER_NAME}-claim_{uid(claim)}.json").exists()
-    assert driver.prepare([ref(claim)])[uid(claim)].error == ""  # the kubelet's retry
-    driver.close()
+    assert preparation.prepare([ref(claim)])[uid(claim)].error == ""  # the kubelet's retry
+    preparation.close()
 
 
 def test_hung_daemon_of_one_mode_fails_only_the_claims_that_need_it(mixed_node: Node) -> None:
@@ -218,52 +218,52 @@ def test_hung_daemon_of_one_mode_fails_only_the_claims_that_need_it(mixed_node: 
     ts = cf.claim([node.share(0, "quarter")])
     node.claims.add(sm)
     node.claims.add(ts)
-    driver = mps.driver()
-    driver.call_budget = 5.0
+    preparation = mps.preparation()
+    preparation.call_budget = 5.0
     mps.mps.hang(pipe=mps.pipe("sm-sharing"))
     started = time.monotonic()
-    out = driver.prepare([ref(sm), ref(ts)])
+    out = preparation.prepare([ref(sm), ref(ts)])
     took = time.monotonic() - started
     mps.mps.release()
     assert took < 3.0, took
     assert "sm-sharing" in out[uid(sm)].error and "did not" in out[uid(sm)].error
     assert out[uid(ts)].error == ""
-    driver.close()
+    preparation.close()
 
 
 def test_unprepare_with_a_hung_daemon_answers_within_the_budget(node: Node) -> None:
     mps = MpsNode(node)
     claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
-    driver = mps.driver()
-    assert driver.prepare([ref(claim)])[uid(claim)].error == ""
-    driver.call_budget = 2.0
+    preparation = mps.preparation()
+    assert preparation.prepare([ref(claim)])[uid(claim)].error == ""
+    preparation.call_budget = 2.0
     mps.mps.hang()
     started = time.monotonic()
-    error = driver.unprepare([ref(claim)])[uid(claim)]
+    error = preparation.unprepare([ref(claim)])[uid(claim)]
     took = time.monotonic() - started
     mps.mps.release()
     assert took < 3.0, took
     assert "did not finish within" in error, error
     # Records go first (the crash-safe order); the error makes the kubelet retry, and the
     # retry removes what is left by claim UID.
-    assert uid(claim) not in driver.checkpoint.claims
-    assert driver.unprepare([ref(claim)]) == {uid(claim): ""}
-    driver.close()
+    assert uid(claim) not in preparation.checkpoint.claims
+    assert preparation.unprepare([ref(claim)]) == {uid(claim): ""}
+    preparation.close()
 
 
 def test_start_up_does_not_wait_for_a_hung_daemon(node: Node) -> None:
     mps = MpsNode(node)
     claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
-    first = mps.driver()
+    first = mps.preparation()
     assert first.prepare([ref(claim)])[uid(claim)].error == ""
     first.close()
     daemon = mps.mps.daemon(mps.pipe("time-slicing"))
     mps.enforcer = mps.new_enforcer()  # the plugin restarts with empty MPS bookkeeping
     mps.mps.hang()
     started = time.monotonic()
-    second = mps.driver(startup_budget=1.0)
+    second = mps.preparation(startup_budget=1.0)
     took = time.monotonic() - started
     assert took < 2.5, took
     assert list(mps.enforcer._pending) == [uid(claim)]  # left for the health checks
@@ -279,8 +279,8 @@ def test_health_check_with_a_hung_daemon_is_bounded_and_reports_it(node: Node) -
     mps = MpsNode(node)
     claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
-    driver = mps.driver()
-    assert driver.prepare([ref(claim)])[uid(claim)].error == ""
+    preparation = mps.preparation()
+    assert preparation.prepare([ref(claim)])[uid(claim)].error == ""
     gpu = node.devices[node.device(0, "quarter")].gpu.uuid
     state = SimpleNamespace(unhealthy_gpus={}, wake=threading.Event())
     mps.mps.hang()
@@ -293,7 +293,7 @@ def test_health_check_with_a_hung_daemon_is_bounded_and_reports_it(node: Node) -
     assert (mps.pipe("time-slicing") / "control").exists()  # not restarted over a hung one
     check_mps(mps.enforcer, state)  # type: ignore[arg-type]
     assert state.unhealthy_gpus == {}
-    driver.close()
+    preparation.close()
 
 
 def test_metrics_scrape_with_a_hung_daemon_is_bounded(
@@ -302,26 +302,26 @@ def test_metrics_scrape_with_a_hung_daemon_is_bounded(
     mps = MpsNode(node)
     claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
-    driver = mps.driver()
-    assert driver.prepare([ref(claim)])[uid(claim)].error == ""
+    preparation = mps.preparation()
+    assert preparation.prepare([ref(claim)])[uid(claim)].error == ""
     monkeypatch.setattr("dra_driver.observe.usage.SCRAPE_BUDGET_S", 0.5)
     source = MpsUsageSource(mps.enforcer, mps.nvml)
     mps.mps.hang()
     started = time.monotonic()
     with pytest.raises(MpsError, match="does not answer"):
-        source.snapshot(driver.prepared_plans())
+        source.snapshot(preparation.prepared_plans())
     took = time.monotonic() - started
     mps.mps.release()
     assert took < 1.5, took
-    driver.close()
+    preparation.close()
 
 
 def test_prepare_waits_for_a_busy_enforcer_only_within_its_budget(node: Node) -> None:
     mps = MpsNode(node)
     claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
-    driver = mps.driver()
-    driver.call_budget = 1.0
+    preparation = mps.preparation()
+    preparation.call_budget = 1.0
     held, done = threading.Event(), threading.Event()
 
     def busy() -> None:  # e.g. a health check stuck on a slow daemon
@@ -333,11 +333,11 @@ def test_prepare_waits_for_a_busy_enforcer_only_within_its_budget(node: Node) ->
     holder.start()
     held.wait()
     started = time.monotonic()
-    error = driver.prepare([ref(claim)])[uid(claim)].error
+    error = preparation.prepare([ref(claim)])[uid(claim)].error
     took = time.monotonic() - started
     done.set()
     holder.join()
     assert took < 2.0, took
     assert "MPS enforcer stayed busy" in error, error
-    assert driver.prepare([ref(claim)])[uid(claim)].error == ""
-    driver.close()
+    assert preparation.prepare([ref(claim)])[uid(claim)].error == ""
+    preparation.close()

@@ -218,9 +218,9 @@ def test_status_lists_prepared_claims(node: Node) -> None:
     claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
     m = claim["metadata"]
-    driver = node.driver()
-    driver.prepare([ClaimRef(m["namespace"], m["name"], m["uid"])])
-    driver.close()
+    preparation = node.preparation()
+    preparation.prepare([ClaimRef(m["namespace"], m["name"], m["uid"])])
+    preparation.close()
     out = subprocess.run(
         [*CLI, "status", f"--state-dir={node.state_dir}"],
         capture_output=True,

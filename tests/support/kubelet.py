@@ -53,8 +53,8 @@ def serving(node: Node, health_interval: float = 0.2) -> Iterator[tuple[PluginSe
     paths = SocketPaths.for_driver(
         DEFAULT_DRIVER_NAME, str(node.plugin_dir), str(node.registry_dir)
     )
-    driver = node.driver()
-    server = PluginServer(driver, paths, node.health, health_interval=health_interval)
+    preparation = node.preparation()
+    server = PluginServer(preparation, paths, node.health, health_interval=health_interval)
     server.start()
     kubelet = kubelet_connect(paths)
     try:
@@ -62,4 +62,4 @@ def serving(node: Node, health_interval: float = 0.2) -> Iterator[tuple[PluginSe
     finally:
         kubelet.channel.close()
         server.stop(grace=0)
-        driver.close()
+        preparation.close()

@@ -59,7 +59,7 @@ class Node(NodeDirs):
         """What the plugin reports: devices that vanished from ``devices`` are unhealthy."""
         return device_health(self.devices, self.seen, self.unhealthy_gpus)
 
-    def driver(
+    def preparation(
         self,
         boot_id: str = "boot-1",
         enforcer: FractionEnforcer | None = None,

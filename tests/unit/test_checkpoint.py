@@ -195,18 +195,20 @@ def test_released_formats_load_and_their_claims_are_honoured(
     record, count against their GPU's memory and mode, and Unprepare removes them."""
     node = mixed_node
     _install(node, json.loads(fixture.read_text()))
-    driver = node.driver("boot-1")
-    assert set(driver.checkpoint.claims) == FIXTURE_UIDS
+    preparation = node.preparation("boot-1")
+    assert set(preparation.checkpoint.claims) == FIXTURE_UIDS
     assert not list(node.state_dir.glob("checkpoint.json.corrupt-*"))
-    assert {p.claim.uid for p in driver.prepared_plans()} == FIXTURE_UIDS
+    assert {p.claim.uid for p in preparation.prepared_plans()} == FIXTURE_UIDS
     assert set(node.enforcer.applied) == FIXTURE_UIDS  # restored at start
     specs = {u: node.cdi_root / f"{DEFAULT_DRIVER_NAME}-claim_{u}.json" for u in FIXTURE_UIDS}
     assert all(p.exists() for p in specs.values())  # rewritten at start
 
-    refs = {u: ClaimRef(r.namespace, r.name, u) for u, r in driver.checkpoint.claims.items()}
-    recorded = {u: r.devices for u, r in driver.checkpoint.claims.items()}
+    refs = {u: ClaimRef(r.namespace, r.name, u) for u, r in preparation.checkpoint.claims.items()}
+    recorded = {u: r.devices for u, r in preparation.checkpoint.claims.items()}
     gets = node.claims.requests
-    out = driver.prepare(refs.values())  # the claims are not in the API server: from the record
+    out = preparation.prepare(
+        refs.values()
+    )  # the claims are not in the API server: from the record
     assert {u: (o.error, o.devices) for u, o in out.items()} == {
         u: ("", recorded[u]) for u in FIXTURE_UIDS
     }
@@ -219,21 +221,21 @@ def test_released_formats_load_and_their_claims_are_honoured(
     small_share = cf.claim([node.share(1, None, memory="8Gi")])
     for c in (eighth, other_mode, big_share, small_share):
         node.claims.add(c)
-    out = driver.prepare([_ref(c) for c in (eighth, other_mode, big_share, small_share)])
+    out = preparation.prepare([_ref(c) for c in (eighth, other_mode, big_share, small_share)])
     assert "more than the card's" in out[eighth["metadata"]["uid"]].error
     assert "never carries both modes" in out[other_mode["metadata"]["uid"]].error
     assert "more than the card's" in out[big_share["metadata"]["uid"]].error
     assert out[small_share["metadata"]["uid"]].error == ""
 
-    assert driver.unprepare(refs.values()) == {u: "" for u in FIXTURE_UIDS}
-    assert set(driver.checkpoint.claims) == {small_share["metadata"]["uid"]}
+    assert preparation.unprepare(refs.values()) == {u: "" for u in FIXTURE_UIDS}
+    assert set(preparation.checkpoint.claims) == {small_share["metadata"]["uid"]}
     assert all(_recorded(node, u) is None for u in FIXTURE_UIDS)
     assert not set(node.enforcer.applied) & FIXTURE_UIDS
     assert not any(p.exists() for p in specs.values())
-    out = driver.prepare([_ref(eighth), _ref(other_mode)])  # GPU 0 is free for either mode
+    out = preparation.prepare([_ref(eighth), _ref(other_mode)])  # GPU 0 is free for either mode
     assert out[eighth["metadata"]["uid"]].error == ""
     assert "never carries both modes" in out[other_mode["metadata"]["uid"]].error
-    driver.close()
+    preparation.close()
 
 
 def _add_unknown_fields(doc: dict[str, Any]) -> None:
@@ -255,10 +257,10 @@ def test_fields_of_a_newer_writer_are_ignored(mixed_node: Node) -> None:
     doc = json.loads((FIXTURES / "v1.json").read_text())
     _add_unknown_fields(doc)
     _install(node, doc)
-    driver = node.driver("boot-1")
-    assert set(driver.checkpoint.claims) == FIXTURE_UIDS
+    preparation = node.preparation("boot-1")
+    assert set(preparation.checkpoint.claims) == FIXTURE_UIDS
     assert not list(node.state_dir.glob("checkpoint.json.corrupt-*"))
-    driver.close()
+    preparation.close()
 
 
 OPTIONAL = {"share_id": "str", "active_thread_percentage": "int"}
@@ -301,9 +303,9 @@ def test_the_current_writer_writes_the_v1_fixture_format(mixed_node: Node) -> No
     ]
     for c in made:
         node.claims.add(c)
-    driver = node.driver("boot-1")
-    assert all(not o.error for o in driver.prepare([_ref(c) for c in made]).values())
-    driver.close()
+    preparation = node.preparation("boot-1")
+    assert all(not o.error for o in preparation.prepare([_ref(c) for c in made]).values())
+    preparation.close()
     written = json.loads((node.state_dir / "checkpoint.json").read_text())
     assert written["version"] == fixture["version"] == VERSION
     assert _shape(written) == _shape(fixture)
@@ -330,7 +332,7 @@ def test_garbage_that_json_refuses_otherwise_is_corrupt_and_kept_aside(
 def test_plugin_start_survives_a_garbage_checkpoint(node: Node) -> None:
     node.state_dir.mkdir(parents=True, exist_ok=True)
     (node.state_dir / "checkpoint.json").write_bytes(GARBAGE["deeply-nested"])
-    node.driver().close()
+    node.preparation().close()
     assert list(node.state_dir.glob("checkpoint.json.corrupt-*"))
 
 

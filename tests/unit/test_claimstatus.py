@@ -43,10 +43,10 @@ def prepared(node: Node, claims: list[dict[str, Any]]) -> list[ClaimPlan]:
     plans: list[ClaimPlan] = []
     for claim in claims:
         node.claims.add(claim)
-    driver = node.driver(on_prepared=plans.append)
-    outcomes = driver.prepare([ref(c) for c in claims])
+    preparation = node.preparation(on_prepared=plans.append)
+    outcomes = preparation.prepare([ref(c) for c in claims])
     assert all(not o.error for o in outcomes.values()), outcomes
-    driver.close()
+    preparation.close()
     uids = {c["metadata"]["uid"] for c in claims}
     return [p for p in plans if p.claim.uid in uids]
 
@@ -418,13 +418,13 @@ def test_on_prepared_gets_each_recorded_claim_and_recorded_claims_at_start(node:
     for c in (good, bad):
         node.claims.add(c)
     seen: list[ClaimPlan] = []
-    driver = node.driver(on_prepared=seen.append)
-    outcomes = driver.prepare([ref(good), ref(bad)])
+    preparation = node.preparation(on_prepared=seen.append)
+    outcomes = preparation.prepare([ref(good), ref(bad)])
     assert outcomes[bad["metadata"]["uid"]].error
     assert [p.claim.uid for p in seen] == [good["metadata"]["uid"]]
-    driver.prepare([ref(good)])  # answered from the record: not submitted again
+    preparation.prepare([ref(good)])  # answered from the record: not submitted again
     assert len(seen) == 1
-    driver.close()
+    preparation.close()
     again: list[ClaimPlan] = []
-    node.driver(on_prepared=again.append).close()
+    node.preparation(on_prepared=again.append).close()
     assert [p.claim.uid for p in again] == [good["metadata"]["uid"]]

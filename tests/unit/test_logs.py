@@ -47,13 +47,13 @@ def test_long_values_are_cut_in_log_lines(json_logs: io.StringIO) -> None:
 def test_prepares_of_a_claim_with_a_huge_name_log_little(
     node: Node, json_logs: io.StringIO
 ) -> None:
-    driver = node.driver()
+    preparation = node.preparation()
     json_logs.truncate(0)
     json_logs.seek(0)
     name = "n" * 65_536
     for i in range(20):
         uid = f"00000000-0000-4000-8000-{i:012d}"
-        assert "characters" in driver.prepare([ClaimRef("default", name, uid)])[uid].error
-    driver.close()
+        assert "characters" in preparation.prepare([ClaimRef("default", name, uid)])[uid].error
+    preparation.close()
     written = len(json_logs.getvalue())
     assert written < 20 * 4_000, written

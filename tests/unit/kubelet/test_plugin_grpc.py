@@ -215,11 +215,11 @@ def test_restart_between_prepare_and_unprepare(node: Node) -> None:
     from dra_driver.model.plans import ClaimRef
 
     r = ClaimRef("default", claim["metadata"]["name"], uid)
-    first = node.driver()
+    first = node.preparation()
     assert first.prepare([r])[uid].error == ""
     first.close()
     node.enforcer.applied.clear()  # a new process starts with empty MPS bookkeeping
-    second = node.driver()
+    second = node.preparation()
     assert uid in node.enforcer.applied  # restored from the checkpoint
     assert second.prepare([r])[uid].devices  # idempotent: served from the checkpoint
     assert second.unprepare([r]) == {uid: ""}
@@ -233,11 +233,11 @@ def test_new_boot_discards_checkpoint_and_sweeps_cdi(node: Node) -> None:
     uid = claim["metadata"]["uid"]
     from dra_driver.model.plans import ClaimRef
 
-    d = node.driver("boot-1")
+    d = node.preparation("boot-1")
     d.prepare([ClaimRef("default", claim["metadata"]["name"], uid)])
     d.close()
     assert spec_file(node, claim).exists()
-    d2 = node.driver("boot-2")
+    d2 = node.preparation("boot-2")
     assert not spec_file(node, claim).exists()
     assert d2.checkpoint.claims == {}
     d2.close()
@@ -249,11 +249,11 @@ def test_corrupt_checkpoint_is_kept_aside_and_specs_kept(node: Node) -> None:
     uid = claim["metadata"]["uid"]
     from dra_driver.model.plans import ClaimRef
 
-    d = node.driver()
+    d = node.preparation()
     d.prepare([ClaimRef("default", claim["metadata"]["name"], uid)])
     d.close()
     (node.state_dir / "checkpoint.json").write_text("{garbage")
-    d2 = node.driver()
+    d2 = node.preparation()
     kept = list(node.state_dir.glob("checkpoint.json.corrupt-*"))
     assert len(kept) == 1 and kept[0].read_text() == "{garbage"
     assert spec_file(node, claim).exists()  # running containers keep their spec
@@ -329,8 +329,8 @@ def test_capacity_shares_with_share_ids_and_sm_sharing(mixed_node: Node) -> None
     paths = SocketPaths.for_driver(
         DEFAULT_DRIVER_NAME, str(node.plugin_dir), str(node.registry_dir)
     )
-    driver = node.driver()
-    server = PluginServer(driver, paths, node.health)
+    preparation = node.preparation()
+    server = PluginServer(preparation, paths, node.health)
     server.start()
     kubelet = kubelet_connect(paths)
     try:
@@ -378,12 +378,12 @@ def test_capacity_shares_with_share_ids_and_sm_sharing(mixed_node: Node) -> None
     finally:
         kubelet.channel.close()
         server.stop(grace=0)
-        driver.close()
+        preparation.close()
 
 
 def test_time_slicing_claim_on_sm_sharing_gpu_is_refused(mixed_node: Node) -> None:
     node = mixed_node
-    driver = node.driver()
+    preparation = node.preparation()
     claim = cf.claim(
         [
             cf.result(
@@ -399,7 +399,7 @@ def test_time_slicing_claim_on_sm_sharing_gpu_is_refused(mixed_node: Node) -> No
     from dra_driver.model.plans import ClaimRef
 
     m = claim["metadata"]
-    out = driver.prepare([ClaimRef(m["namespace"], m["name"], m["uid"])])[m["uid"]]
+    out = preparation.prepare([ClaimRef(m["namespace"], m["name"], m["uid"])])[m["uid"]]
     assert "runs compute mode sm-sharing; the claim asks for time-slicing" in out.error
     assert not spec_file(node, claim).exists()
-    driver.close()
+    preparation.close()

@@ -55,7 +55,7 @@ def new_enforcer(node: Node) -> RecordingEnforcer:
 def restart(node: Node, old: ClaimPreparation) -> ClaimPreparation:
     old.close()
     node.enforcer = new_enforcer(node)
-    return node.driver()
+    return node.preparation()
 
 
 def state(node: Node, claim: dict[str, Any]) -> str:
@@ -112,112 +112,112 @@ def killing(effect: str, when: str, nth: int) -> Callable[[Callable[..., Any]], 
     return wrap
 
 
-def patched(node: Node, driver: ClaimPreparation, effect: str, when: str, nth: int) -> Any:
+def patched(node: Node, preparation: ClaimPreparation, effect: str, when: str, nth: int) -> Any:
     owner: object = {
         "apply": node.enforcer,
         "release": node.enforcer,
-        "write": driver.cdi,
-        "remove": driver.cdi,
-        "save": driver.checkpoint,
+        "write": preparation.cdi,
+        "remove": preparation.cdi,
+        "save": preparation.checkpoint,
     }[effect]
     return mock.patch.object(owner, effect, killing(effect, when, nth)(getattr(owner, effect)))
 
 
 def check_recovers(
-    node: Node, driver: ClaimPreparation, made: list[dict[str, Any]]
+    node: Node, preparation: ClaimPreparation, made: list[dict[str, Any]]
 ) -> ClaimPreparation:
     """After the kill: restart, every claim all there or all gone; then Prepare yields specs
     that exist, and Unprepare removes everything."""
-    driver = restart(node, driver)
+    preparation = restart(node, preparation)
     assert {uid(c): state(node, c) for c in made} == {
         uid(c): s for c in made if (s := state(node, c)) in (PREPARED, ABSENT)
     }
-    out = driver.prepare([ref(c) for c in made])
+    out = preparation.prepare([ref(c) for c in made])
     for c in made:
         assert out[uid(c)].error == ""
         assert state(node, c) == PREPARED
         assert spec_path(node.cdi_root, uid(c)).exists()
-    assert driver.unprepare([ref(c) for c in made]) == {uid(c): "" for c in made}
+    assert preparation.unprepare([ref(c) for c in made]) == {uid(c): "" for c in made}
     assert [state(node, c) for c in made] == [ABSENT] * len(made)
-    return driver
+    return preparation
 
 
 @pytest.mark.parametrize("when", WHEN)
 @pytest.mark.parametrize(("effect", "nth"), PREPARE_STEPS)
 def test_kill_during_prepare(sim: Node, effect: str, nth: int, when: str) -> None:
     made = claims(sim)
-    driver = sim.driver()
-    with patched(sim, driver, effect, when, nth), pytest.raises(Killed):
-        driver.prepare([ref(c) for c in made])
-    check_recovers(sim, driver, made).close()
+    preparation = sim.preparation()
+    with patched(sim, preparation, effect, when, nth), pytest.raises(Killed):
+        preparation.prepare([ref(c) for c in made])
+    check_recovers(sim, preparation, made).close()
 
 
 @pytest.mark.parametrize("when", WHEN)
 @pytest.mark.parametrize(("effect", "nth"), UNPREPARE_STEPS)
 def test_kill_during_unprepare(sim: Node, effect: str, nth: int, when: str) -> None:
     made = claims(sim)
-    driver = sim.driver()
-    assert all(not o.error for o in driver.prepare([ref(c) for c in made]).values())
-    with patched(sim, driver, effect, when, nth), pytest.raises(Killed):
-        driver.unprepare([ref(c) for c in made])
-    check_recovers(sim, driver, made).close()
+    preparation = sim.preparation()
+    assert all(not o.error for o in preparation.prepare([ref(c) for c in made]).values())
+    with patched(sim, preparation, effect, when, nth), pytest.raises(Killed):
+        preparation.unprepare([ref(c) for c in made])
+    check_recovers(sim, preparation, made).close()
 
 
 def test_unprepare_killed_after_the_spec_went_leaves_no_record(sim: Node) -> None:
     """The issue's trial: record kept, spec gone, and Prepare then answered a dead CDI ID."""
     [claim, _] = claims(sim)
-    driver = sim.driver()
-    assert driver.prepare([ref(claim)])[uid(claim)].error == ""
-    with patched(sim, driver, "remove", "after", 1), pytest.raises(Killed):
-        driver.unprepare([ref(claim)])
-    driver = restart(sim, driver)
+    preparation = sim.preparation()
+    assert preparation.prepare([ref(claim)])[uid(claim)].error == ""
+    with patched(sim, preparation, "remove", "after", 1), pytest.raises(Killed):
+        preparation.unprepare([ref(claim)])
+    preparation = restart(sim, preparation)
     assert state(sim, claim) in (PREPARED, ABSENT)
-    [device] = driver.prepare([ref(claim)])[uid(claim)].devices
+    [device] = preparation.prepare([ref(claim)])[uid(claim)].devices
     assert spec_path(sim.cdi_root, uid(claim)).exists()
     assert state(sim, claim) == PREPARED
     assert device.share_id
     assert device.cdi_device_ids[0].endswith(f"{device.device}-{device.share_id}")
-    driver.close()
+    preparation.close()
 
 
 def test_prepare_of_a_recorded_claim_recreates_missing_artifacts(sim: Node) -> None:
     [claim, _] = claims(sim)
-    driver = sim.driver()
-    first = driver.prepare([ref(claim)])[uid(claim)]
+    preparation = sim.preparation()
+    first = preparation.prepare([ref(claim)])[uid(claim)]
     spec_path(sim.cdi_root, uid(claim)).unlink()
     for d in pipe_dirs(sim.root / "run", uid(claim)):
         d.rmdir()
-    again = driver.prepare([ref(claim)])[uid(claim)]
+    again = preparation.prepare([ref(claim)])[uid(claim)]
     assert again == first
     assert state(sim, claim) == PREPARED
-    driver.close()
+    preparation.close()
 
 
 def test_start_up_recreates_the_spec_of_a_recorded_claim(sim: Node) -> None:
     """A record without its spec (as an older version's killed Unprepare left it)."""
     [claim, _] = claims(sim)
-    driver = sim.driver()
-    driver.prepare([ref(claim)])
+    preparation = sim.preparation()
+    preparation.prepare([ref(claim)])
     spec = spec_path(sim.cdi_root, uid(claim))
     written = spec.read_text()
     spec.unlink()
-    driver = restart(sim, driver)
+    preparation = restart(sim, preparation)
     assert spec.read_text() == written
     assert state(sim, claim) == PREPARED
-    driver.close()
+    preparation.close()
 
 
 def test_start_up_removes_enforcement_of_unrecorded_claims(sim: Node) -> None:
     [claim, other] = claims(sim)
-    driver = sim.driver()
-    driver.prepare([ref(other)])
-    with patched(sim, driver, "apply", "after", 1), pytest.raises(Killed):
-        driver.prepare([ref(claim)])
+    preparation = sim.preparation()
+    preparation.prepare([ref(other)])
+    with patched(sim, preparation, "apply", "after", 1), pytest.raises(Killed):
+        preparation.prepare([ref(claim)])
     assert pipe_dirs(sim.root / "run", uid(claim))
-    driver = restart(sim, driver)
+    preparation = restart(sim, preparation)
     assert state(sim, claim) == ABSENT
     assert state(sim, other) == PREPARED
-    driver.close()
+    preparation.close()
 
 
 def test_the_real_enforcer_says_whether_a_plan_is_enforced(tmp_path: Path) -> None:

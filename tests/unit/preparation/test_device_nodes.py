@@ -19,14 +19,14 @@ from tests.support.node import Node
 def _prepare(node: Node, *claims: dict[str, Any]) -> dict[str, PrepareOutcome]:
     for c in claims:
         node.claims.add(c)
-    driver = node.driver()
+    preparation = node.preparation()
     try:
-        return driver.prepare(
+        return preparation.prepare(
             ClaimRef(c["metadata"]["namespace"], c["metadata"]["name"], c["metadata"]["uid"])
             for c in claims
         )
     finally:
-        driver.close()
+        preparation.close()
 
 
 def _specs(node: Node) -> list[str]:

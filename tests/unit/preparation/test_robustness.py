@@ -40,16 +40,16 @@ def on_disk(node: Node) -> set[str]:
 def test_failed_checkpoint_write_on_unprepare_keeps_the_claim_for_the_retry(node: Node) -> None:
     claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
-    driver = node.driver()
+    preparation = node.preparation()
     uid = claim["metadata"]["uid"]
-    assert driver.prepare([ref(claim)])[uid].error == ""
+    assert preparation.prepare([ref(claim)])[uid].error == ""
     with mock.patch("dra_driver.infra.atomicfile.os.fsync", side_effect=OSError(28, "No space")):
-        assert "checkpoint write" in driver.unprepare([ref(claim)])[uid]
-    assert uid in driver.checkpoint.claims and uid in on_disk(node)
-    assert driver.unprepare([ref(claim)]) == {uid: ""}
+        assert "checkpoint write" in preparation.unprepare([ref(claim)])[uid]
+    assert uid in preparation.checkpoint.claims and uid in on_disk(node)
+    assert preparation.unprepare([ref(claim)]) == {uid: ""}
     assert uid not in on_disk(node)
-    driver.close()
-    restarted = node.driver()
+    preparation.close()
+    restarted = node.preparation()
     assert restarted.checkpoint.claims == {}
     restarted.close()
 
@@ -63,25 +63,27 @@ def test_one_bad_claim_does_not_abort_the_batch(node: Node) -> None:
     bad_opaque["status"]["allocation"]["devices"]["config"] = [{"source": "FromClaim", "opaque": 7}]
     for c in (good, huge, no_request, bad_opaque):
         node.claims.add(c)
-    driver = node.driver()
-    out = driver.prepare([ref(c) for c in (good, huge, no_request, bad_opaque)])
+    preparation = node.preparation()
+    out = preparation.prepare([ref(c) for c in (good, huge, no_request, bad_opaque)])
     assert out[good["metadata"]["uid"]].error == ""
     assert "larger than any GPU" in out[huge["metadata"]["uid"]].error
     assert "results[0].request: missing" in out[no_request["metadata"]["uid"]].error
     assert "config[0].opaque: expected an object" in out[bad_opaque["metadata"]["uid"]].error
     assert on_disk(node) == {good["metadata"]["uid"]}
     assert [p.name for p in node.cdi_root.iterdir()] == [spec_file(node, good).name]
-    driver.close()
+    preparation.close()
 
 
 def test_huge_exponent_is_refused_quickly(node: Node) -> None:
     claim = cf.claim([node.share(0, "quarter")], [cf.opaque(memoryLimit="1e1000000")])
     node.claims.add(claim)
-    driver = node.driver()
+    preparation = node.preparation()
     started = time.monotonic()
-    assert "larger than any GPU" in driver.prepare([ref(claim)])[claim["metadata"]["uid"]].error
+    assert (
+        "larger than any GPU" in preparation.prepare([ref(claim)])[claim["metadata"]["uid"]].error
+    )
     assert time.monotonic() - started < 2
-    driver.close()
+    preparation.close()
 
 
 class Unreachable:
@@ -92,24 +94,24 @@ class Unreachable:
 def test_api_server_down_fails_new_claims_alone_and_serves_prepared_ones(node: Node) -> None:
     prepared = cf.claim([node.share(0, "quarter")])
     node.claims.add(prepared)
-    driver = node.driver()
-    assert driver.prepare([ref(prepared)])[prepared["metadata"]["uid"]].error == ""
-    driver.reader = Unreachable()
+    preparation = node.preparation()
+    assert preparation.prepare([ref(prepared)])[prepared["metadata"]["uid"]].error == ""
+    preparation.reader = Unreachable()
     new = cf.claim([node.share(1, "quarter")])
-    out = driver.prepare([ref(prepared), ref(new)])
+    out = preparation.prepare([ref(prepared), ref(new)])
     assert out[prepared["metadata"]["uid"]].devices
     assert "connection refused" in out[new["metadata"]["uid"]].error
-    driver.close()
+    preparation.close()
 
 
 @pytest.mark.parametrize("content", ["null", "[]", "1", '"x"'])
 def test_checkpoint_of_the_wrong_json_type_is_corrupt_not_a_crash(node: Node, content: str) -> None:
     node.state_dir.mkdir(parents=True)
     (node.state_dir / "checkpoint.json").write_text(content)
-    driver = node.driver()
-    assert driver.checkpoint.claims == {}
+    preparation = node.preparation()
+    assert preparation.checkpoint.claims == {}
     assert [p.read_text() for p in node.state_dir.glob("checkpoint.json.corrupt-*")] == [content]
-    driver.close()
+    preparation.close()
 
 
 def test_checksummed_record_without_a_plan_is_corrupt(tmp_path: Path) -> None:
@@ -125,10 +127,10 @@ def test_plans_from_a_newer_version_still_load(node: Node) -> None:
     the device plan) is read by the checkpoint's own reader as the plan it holds."""
     claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
-    driver = node.driver()
-    driver.prepare([ref(claim)])
-    [plan] = driver.prepared_plans()
-    driver.close()
+    preparation = node.preparation()
+    preparation.prepare([ref(claim)])
+    [plan] = preparation.prepared_plans()
+    preparation.close()
     path = node.state_dir / "checkpoint.json"
     doc = json.loads(path.read_text())
     [record] = doc["claims"].values()
@@ -145,12 +147,12 @@ def test_plans_from_a_newer_version_still_load(node: Node) -> None:
 def test_corrupt_checkpoint_leaves_enforcement_alone(node: Node) -> None:
     claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
-    driver = node.driver()
-    driver.prepare([ref(claim)])
-    driver.close()
+    preparation = node.preparation()
+    preparation.prepare([ref(claim)])
+    preparation.close()
     (node.state_dir / "checkpoint.json").write_text("{broken")
     node.enforcer.calls.clear()
-    again = node.driver()
+    again = node.preparation()
     assert [c for c in node.enforcer.calls if c[0] == "restore"] == []
     assert claim["metadata"]["uid"] in node.enforcer.applied
     assert spec_file(node, claim).exists()
@@ -166,33 +168,33 @@ def test_temp_files_of_killed_writes_are_swept(node: Node) -> None:
     ]
     for p in leftovers:
         p.write_text("{")
-    node.driver().close()
+    node.preparation().close()
     assert not any(p.exists() for p in leftovers)
 
 
 def test_duplicate_claim_in_one_request_is_applied_once(node: Node) -> None:
     claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
-    driver = node.driver()
-    out = driver.prepare([ref(claim), ref(claim)])
+    preparation = node.preparation()
+    out = preparation.prepare([ref(claim), ref(claim)])
     assert out[claim["metadata"]["uid"]].error == ""
     assert [c for c in node.enforcer.calls if c[0] == "apply"] == [
         ("apply", claim["metadata"]["uid"])
     ]
-    driver.close()
+    preparation.close()
 
 
 def test_cdi_write_failure_names_the_cdi_root(node: Node) -> None:
     claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
-    driver = node.driver()
+    preparation = node.preparation()
     with mock.patch(
         "dra_driver.prepare.cdispecs.write_atomic", side_effect=OSError(28, "No space left")
     ):
-        error = driver.prepare([ref(claim)])[claim["metadata"]["uid"]].error
+        error = preparation.prepare([ref(claim)])[claim["metadata"]["uid"]].error
     assert f"writing the CDI spec under {node.cdi_root} failed" in error
     assert claim["metadata"]["uid"] not in node.enforcer.applied
-    driver.close()
+    preparation.close()
 
 
 def prepare_both(node: Node, first: dict[str, Any], second: dict[str, Any]) -> str:
@@ -200,9 +202,9 @@ def prepare_both(node: Node, first: dict[str, Any], second: dict[str, Any]) -> s
     second's error and checks that only the first is recorded."""
     for c in (first, second):
         node.claims.add(c)
-    driver = node.driver()
-    out = driver.prepare([ref(first), ref(second)])
-    driver.close()
+    preparation = node.preparation()
+    out = preparation.prepare([ref(first), ref(second)])
+    preparation.close()
     assert out[first["metadata"]["uid"]].error == ""
     assert on_disk(node) == {first["metadata"]["uid"]}
     return out[second["metadata"]["uid"]].error
@@ -256,9 +258,9 @@ def test_both_compute_modes_on_different_gpus_are_prepared(node: Node) -> None:
     ]
     for c in claims:
         node.claims.add(c)
-    driver = node.driver()
-    out = driver.prepare([ref(c) for c in claims])
-    driver.close()
+    preparation = node.preparation()
+    out = preparation.prepare([ref(c) for c in claims])
+    preparation.close()
     assert [o.error for o in out.values()] == ["", ""]
     assert on_disk(node) == {c["metadata"]["uid"] for c in claims}
 
@@ -274,11 +276,11 @@ def test_capacity_shares_beyond_the_card_are_refused(mixed_node: Node) -> None:
     )
     for c in (a, b):
         node.claims.add(c)
-    driver = node.driver()
-    out = driver.prepare([ref(a), ref(b)])
+    preparation = node.preparation()
+    out = preparation.prepare([ref(a), ref(b)])
     assert out[a["metadata"]["uid"]].error == ""
     assert "more than the card's" in out[b["metadata"]["uid"]].error
-    driver.close()
+    preparation.close()
 
 
 class _UnprepareFirst:
@@ -286,14 +288,14 @@ class _UnprepareFirst:
     run (it takes the real lock, then hands it on): the order two concurrent calls get when
     the Unprepare wins the lock."""
 
-    def __init__(self, driver: Any, claim: dict[str, Any]) -> None:
-        self.driver, self.claim, self.real = driver, claim, driver.lock
+    def __init__(self, preparation: Any, claim: dict[str, Any]) -> None:
+        self.preparation, self.claim, self.real = preparation, claim, preparation.lock
         self.path = self.real.path
 
     @contextmanager
     def held(self, timeout: float | None = None) -> Iterator[None]:
-        self.driver.lock = self.real
-        assert self.driver.unprepare([ref(self.claim)]) == {self.claim["metadata"]["uid"]: ""}
+        self.preparation.lock = self.real
+        assert self.preparation.unprepare([ref(self.claim)]) == {self.claim["metadata"]["uid"]: ""}
         with self.real.held(timeout):
             yield
 
@@ -305,11 +307,11 @@ def test_a_prepare_that_loses_the_lock_to_an_unprepare_of_this_plugin_says_so(
     another plugin instance"."""
     claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
-    driver = node.driver()
-    assert driver.prepare([ref(claim)])[claim["metadata"]["uid"]].error == ""
-    driver.lock = _UnprepareFirst(driver, claim)
-    error = driver.prepare([ref(claim)])[claim["metadata"]["uid"]].error
-    driver.close()
+    preparation = node.preparation()
+    assert preparation.prepare([ref(claim)])[claim["metadata"]["uid"]].error == ""
+    preparation.lock = _UnprepareFirst(preparation, claim)
+    error = preparation.prepare([ref(claim)])[claim["metadata"]["uid"]].error
+    preparation.close()
     assert "unprepared by a NodeUnprepareResources call for it" in error
     assert "another" not in error and "not prepared now" in error
     assert on_disk(node) == set()
@@ -324,9 +326,9 @@ def test_a_pipe_directory_that_cannot_be_made_fails_the_claim_in_a_users_terms(
     enforcer = RecordingEnforcer(options=MpsOptions(root=str(root)), make_dirs=True)
     claim = cf.claim([node.share(0, "quarter")])
     node.claims.add(claim)
-    driver = node.driver(enforcer=enforcer)
-    error = driver.prepare([ref(claim)])[claim["metadata"]["uid"]].error
-    driver.close()
+    preparation = node.preparation(enforcer=enforcer)
+    error = preparation.prepare([ref(claim)])[claim["metadata"]["uid"]].error
+    preparation.close()
     assert "Errno" not in error and "(not a directory)" in error, error
     assert "the node's MPS directory" in error and "--mps-root" in error
     assert not (node.state_dir / "checkpoint.json").exists()  # nothing recorded

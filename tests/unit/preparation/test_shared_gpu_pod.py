@@ -33,9 +33,9 @@ def _warnings(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in logs if e["event"].startswith(EVENT)]
 
 
-def _prepare(driver: ClaimPreparation, *claims: dict[str, Any]) -> list[dict[str, Any]]:
+def _prepare(preparation: ClaimPreparation, *claims: dict[str, Any]) -> list[dict[str, Any]]:
     with capture_logs() as logs:
-        out = driver.prepare(_ref(c) for c in claims)
+        out = preparation.prepare(_ref(c) for c in claims)
     assert all(o.error == "" for o in out.values()), out
     return _warnings(logs)
 
@@ -44,11 +44,11 @@ def test_second_claim_of_a_pod_on_the_same_gpu_is_warned(node: Node) -> None:
     web = cf.pod("web")
     first, second = _claim(node, 0, web), _claim(node, 0, web)
     gpu = node.devices[node.device(0, "quarter")].gpu
-    driver = node.driver()
+    preparation = node.preparation()
     try:
-        [warning] = _prepare(driver, first, second)  # one kubelet call for the pod
+        [warning] = _prepare(preparation, first, second)  # one kubelet call for the pod
     finally:
-        driver.close()
+        preparation.close()
     assert warning["log_level"] == "warning"
     assert (warning["claim_uid"], warning["other_claim_uid"]) == (
         second["metadata"]["uid"],
@@ -64,25 +64,25 @@ def test_second_claim_of_a_pod_on_the_same_gpu_is_warned(node: Node) -> None:
 def test_warned_across_calls_and_forgotten_after_unprepare(node: Node) -> None:
     web = cf.pod("web")
     first, second, third = (_claim(node, 0, web) for _ in range(3))
-    driver = node.driver()
+    preparation = node.preparation()
     try:
-        assert _prepare(driver, first) == []
-        assert [w["other_claim_uid"] for w in _prepare(driver, second)] == [
+        assert _prepare(preparation, first) == []
+        assert [w["other_claim_uid"] for w in _prepare(preparation, second)] == [
             first["metadata"]["uid"]
         ]
-        driver.unprepare([_ref(first), _ref(second)])
-        assert _prepare(driver, third) == []
+        preparation.unprepare([_ref(first), _ref(second)])
+        assert _prepare(preparation, third) == []
     finally:
-        driver.close()
+        preparation.close()
 
 
 def test_no_warning_for_other_gpus_or_other_pods(node: Node) -> None:
     web, db = cf.pod("web"), cf.pod("db")
-    driver = node.driver()
+    preparation = node.preparation()
     try:
-        assert _prepare(driver, _claim(node, 0, web), _claim(node, 1, web)) == []
-        assert _prepare(driver, _claim(node, 0, db), _claim(node, 0)) == []
+        assert _prepare(preparation, _claim(node, 0, web), _claim(node, 1, web)) == []
+        assert _prepare(preparation, _claim(node, 0, db), _claim(node, 0)) == []
         shared = _claim(node, 1, cf.pod("api-0"), cf.pod("api-1"))  # one claim, two pods
-        assert _prepare(driver, shared) == []
+        assert _prepare(preparation, shared) == []
     finally:
-        driver.close()
+        preparation.close()
