@@ -114,10 +114,11 @@ def measure(
         socket = f"{tmp}/{DEFAULT_DRIVER_NAME}.sock"
         proc = context.Process(target=target, args=(socket, settings, ready, stop))
         proc.start()
+        assert proc.pid is not None
         if not ready.wait(60):
             raise SystemExit("server did not start")
         channel = grpc.insecure_channel(f"unix://{socket}")
-        call = channel.unary_unary(METHOD)
+        call = channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
         codes: Counter[str] = Counter()
 
         def send(count: int) -> None:

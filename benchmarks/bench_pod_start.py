@@ -83,9 +83,17 @@ def pod_body(name: str, claim: bool) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
+def model(kind: Any, body: dict[str, Any]) -> Any:
+    """The client's model ``kind`` of ``body`` (``from_dict`` is typed Optional: it returns None
+    only for None)."""
+    obj = kind.from_dict(body)
+    assert obj is not None
+    return obj
+
+
 def start_time(core: k8s.CoreV1Api, name: str, claim: bool) -> float:
     t0 = time.monotonic()
-    core.create_namespaced_pod(NAMESPACE, k8s.V1Pod.from_dict(pod_body(name, claim)))
+    core.create_namespaced_pod(NAMESPACE, model(k8s.V1Pod, pod_body(name, claim)))
     wait(f"pod {name} Running", lambda: running(core, name))
     return time.monotonic() - t0
 
@@ -178,11 +186,12 @@ def main() -> int:
         # the admin's grant (docs/admin-guide.md, "Tenants"): without the label the chart's
         # tenant policy refuses the namespace's claims and templates
         grant = {"name": NAMESPACE, "labels": {f"{DRIVER}/tenant": "true"}}
-        core.create_namespace(k8s.V1Namespace.from_dict({"metadata": grant}))
+        core.create_namespace(model(k8s.V1Namespace, {"metadata": grant}))
         wait("default SA", lambda: core.list_namespaced_service_account(NAMESPACE).items)
         k8s.ResourceV1Api(api).create_namespaced_resource_claim_template(
             NAMESPACE,
-            k8s.V1ResourceClaimTemplate.from_dict(
+            model(
+                k8s.V1ResourceClaimTemplate,
                 {
                     "metadata": {"name": "eighth"},
                     "spec": {
@@ -194,7 +203,7 @@ def main() -> int:
                             }
                         }
                     },
-                }
+                },
             ),
         )
         # Warm-up: the first pod of each kind pays one-time costs (image snapshot, CNI).
