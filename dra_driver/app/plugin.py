@@ -18,7 +18,7 @@ from dra_driver.app.nodestate import NodeState, supervise
 from dra_driver.app.sockets import check_socket_paths
 from dra_driver.config.caps import CapPolicy
 from dra_driver.config.load import load_node_config
-from dra_driver.config.node import warn_unmatched_selectors
+from dra_driver.config.node import NodeConfig, warn_unmatched_selectors
 from dra_driver.enforce import FractionEnforcer, RecordingEnforcer
 from dra_driver.enforce.enforcer import MpsEnforcer, MpsOptions
 from dra_driver.enforce.nvmlcontrol import NvmlFacade, PynvmlFacade
@@ -146,6 +146,21 @@ def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
     return 0
 
 
+@dataclass(frozen=True)
+class OpenedNode:
+    """What the plugin's start learned of its node: the options (on simulated GPUs with the
+    installed CDI hook), the GPU state, the node configuration, the kubelet socket paths, and
+    the device root that CDI specs name (``device_root``) and where the plugin sees it
+    (``device_root_view``)."""
+
+    opts: PluginOptions
+    state: NodeState
+    config: NodeConfig
+    paths: SocketPaths
+    device_root: str
+    device_root_view: str
+
+
 class RunningPlugin:
     """The running plugin: owns its servers, sockets, threads and the metrics endpoint.
 
@@ -179,6 +194,35 @@ class RunningPlugin:
         self._stack.close()
 
     def _start(self) -> None:
+        """Start every part in order: the node (GPUs, configuration, sockets), enforcement,
+        the kubelet services, the MPS supervisor, metrics, then slice publishing."""
+        node = self._open_node()
+        report = detect_enforcement(
+            node.state.inventory,
+            simulated=node.opts.simulated,
+            root=node.opts.host_root,
+            control_binary=node.opts.mps.control_binary,
+            hook_path=node.opts.mps.ctk_hook_path,
+        )
+        enforcer, usage = make_enforcer(node.opts, report, node.state)
+        api = api_client(node.opts.kubeconfig, CLAIM_READERS)
+        metrics = Metrics()
+        preparation = self._serve_kubelet(node, report, enforcer, api, metrics)
+        register_accounting(metrics.registry, preparation.prepared_plans, usage)
+        self._thread("mps-supervisor", supervise, enforcer, node.state, self.stop)
+        if node.opts.metrics_port:
+            http, _ = start_http_server(
+                node.opts.metrics_port,
+                addr=node.opts.metrics_bind_address,
+                registry=metrics.registry,
+            )
+            self._stack.callback(http.server_close)
+            self._stack.callback(http.shutdown)
+        self._publish(node, report, api, metrics)
+
+    def _open_node(self) -> OpenedNode:
+        """The state directory, the node configuration, the GPU inventory and the socket
+        paths, checked; on simulated GPUs, their device nodes and CDI hook installed."""
         opts = self.opts
         ensure_dir(Path(opts.state_dir), 0o700)  # owner-only before anything is put in it
         config = load_node_config(opts.node_config)
@@ -203,16 +247,19 @@ class RunningPlugin:
             opts = replace(opts, mps=replace(opts.mps, ctk_hook_path=str(sim.hook_path)))
             device_root = device_root_view = str(sim.device_root)
             log.info("simulated node hardware ready", root=str(sim.root), hook=str(sim.hook_path))
-        report = detect_enforcement(
-            state.inventory,
-            simulated=opts.simulated,
-            root=opts.host_root,
-            control_binary=opts.mps.control_binary,
-            hook_path=opts.mps.ctk_hook_path,
-        )
-        enforcer, usage = make_enforcer(opts, report, state)
-        api = api_client(opts.kubeconfig, CLAIM_READERS)
-        metrics = Metrics()
+        return OpenedNode(opts, state, config, paths, device_root, device_root_view)
+
+    def _serve_kubelet(
+        self,
+        node: OpenedNode,
+        report: EnforcementReport,
+        enforcer: FractionEnforcer,
+        api: k8s.ApiClient,
+        metrics: Metrics,
+    ) -> ClaimPreparation:
+        """The claim status writer, Prepare/Unprepare, the kubelet's gRPC services and the
+        root client watch, started; returns the ClaimPreparation."""
+        opts = node.opts
         on_prepared = None
         on_root: Callable[[ClaimPlan, list[str]], None] | None = None
         if opts.claim_device_status:
@@ -230,34 +277,33 @@ class RunningPlugin:
             driver_name=opts.driver_name,
             pool=opts.node_name,
             reader=ApiClaimReader(api),
-            devices=state.devices,
+            devices=node.state.devices,
             enforcer=enforcer,
             cdi_root=opts.cdi_root,
             state_dir=opts.state_dir,
             lock=PrepareLock(Path(opts.plugin_dir) / opts.driver_name / "prepare.lock"),
             boot_id=read_boot_id(),
             metrics=metrics,
-            device_root=device_root,
+            device_root=node.device_root,
             call_budget=opts.call_budget,
-            device_root_view=device_root_view,
+            device_root_view=node.device_root_view,
             on_prepared=on_prepared,
-            caps=CapPolicy(config.claim_limits, opts.mps.default_active_thread_percentage),
+            caps=CapPolicy(node.config.claim_limits, opts.mps.default_active_thread_percentage),
         )
         self._stack.callback(preparation.close)
         preparation.start()
-        server = PluginServer(preparation, paths, state.health, opts.health_interval)
+        server = PluginServer(preparation, node.paths, node.state.health, opts.health_interval)
         self._stack.callback(server.stop)
         server.start()
-        register_accounting(metrics.registry, preparation.prepared_plans, usage)
-        self._thread("mps-supervisor", supervise, enforcer, state, self.stop)
         watch = RootClientWatch(Path(opts.mps.user_record_root), on_root)
         self._thread("root-clients", watch_root_clients, watch, preparation, self.stop)
-        if opts.metrics_port:
-            http, _ = start_http_server(
-                opts.metrics_port, addr=opts.metrics_bind_address, registry=metrics.registry
-            )
-            self._stack.callback(http.server_close)
-            self._stack.callback(http.shutdown)
+        return preparation
+
+    def _publish(
+        self, node: OpenedNode, report: EnforcementReport, api: k8s.ApiClient, metrics: Metrics
+    ) -> None:
+        """The slice publisher and its watch, started."""
+        opts, state = node.opts, node.state
         publisher = SlicePublisher(
             k8s.ResourceV1Api(api), opts.driver_name, opts.node_name, metrics=metrics
         )
@@ -270,7 +316,7 @@ class RunningPlugin:
             inventory, taints = state.published(opts.driver_name)
             return build_slices(
                 inventory,
-                config,
+                node.config,
                 opts.driver_name,
                 opts.node_name,
                 enforcement=report.tiers,
