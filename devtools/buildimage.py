@@ -153,10 +153,17 @@ def log(msg: str) -> None:
     print(f"build-image: {msg}", file=sys.stderr, flush=True)
 
 
-def run(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
-    """Run a command; raise BuildError with its output when it fails."""
-    proc = subprocess.run(argv, text=True, capture_output=True, **kw)
-    if proc.returncode != 0:
+def run(argv: list[str], check: bool = True, **kw: Any) -> subprocess.CompletedProcess[str]:
+    """Run a command; raise BuildError with its output when it fails (unless not ``check``),
+    or naming the program and how to install it when it is not there."""
+    try:
+        proc = subprocess.run(argv, text=True, capture_output=True, **kw)
+    except FileNotFoundError as exc:
+        raise BuildError(
+            f"{argv[0]} is not installed ({exc.strerror}): run hack/install-node-prereqs "
+            "(as root; it installs Debian's mmdebstrap and umoci)"
+        ) from None
+    if check and proc.returncode != 0:
         out = (proc.stdout + proc.stderr).strip()
         raise BuildError(f"{' '.join(argv[:3])} ... failed (exit {proc.returncode}):\n{out}")
     return proc
@@ -286,7 +293,7 @@ def debian_root(debs: list[Deb], root: Path) -> None:
         f"--hook-dir={MERGED_USR_HOOKS}", "--skip=cleanup/apt/cache", "--skip=chroot/mount",
         *[f"--dpkgopt={f}" for f in DPKG_FILTERS], "bookworm", str(root), *DEBIAN_SOURCES,
     ]  # fmt: skip
-    proc = subprocess.run(argv, text=True, capture_output=True)
+    proc = run(argv, check=False)
     if proc.returncode != 0:
         out = (proc.stdout + proc.stderr).strip()
         hint = ""

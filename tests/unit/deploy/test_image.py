@@ -269,6 +269,21 @@ def test_normalize_tree_refuses_what_a_layer_cannot_hold(tmp_path: Path) -> None
         bi().normalize_tree(tree, 0)
 
 
+def test_a_missing_tool_is_named_with_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A machine without umoci or mmdebstrap (a fresh one that skipped make image) gets one
+    line saying what to install, not a FileNotFoundError traceback."""
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(bi().BuildError) as err:
+        bi().run(["umoci", "--version"])
+    assert "umoci is not installed" in str(err.value)
+    assert "hack/install-node-prereqs" in str(err.value)
+    monkeypatch.setenv("DRA_DRIVER_CACHE", str(tmp_path / "cache"))
+    assert bi().main(["busybox", "--out", str(tmp_path / "out")]) == 1
+    assert "mmdebstrap is not installed" in capsys.readouterr().err
+
+
 def test_umoci_options_set_the_image_configuration() -> None:
     config = bi().image_config("pause", "localhost/pause:3.10.1")
     args = bi().config_args(config)
