@@ -31,8 +31,9 @@ Usage:
 Output: build/images/<image>.oci.tar (OCI image layout, plus a manifest.json for docker load).
 Load it with `ctr -n k8s.io images import build/images/plugin.oci.tar`.
 Needs mmdebstrap, umoci, GNU tar and pip (hack/install-node-prereqs installs the Debian
-packages), root (mmdebstrap's root mode: the tests and CI run as root), and the Debian and
-Python package indexes on first use.
+packages; not root: mmdebstrap then runs in its unshare mode, with the same result), the Debian
+mirror on every build of an image (mmdebstrap downloads its packages each time; only the
+wheels are cached), and the Python package index when a wheel is not cached yet.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -154,15 +156,32 @@ def log(msg: str) -> None:
 
 
 def run(argv: list[str], check: bool = True, **kw: Any) -> subprocess.CompletedProcess[str]:
-    """Run a command; raise BuildError with its output when it fails (unless not ``check``),
-    or naming the program and how to install it when it is not there."""
+    """Run a command in its own process group; raise BuildError with its output when it fails
+    (unless not ``check``), or naming the program and how to install it when it is not there.
+    Interrupted (Ctrl-C, SIGTERM), the whole group is killed: mmdebstrap's apt and dpkg
+    children too, not only mmdebstrap."""
     try:
-        proc = subprocess.run(argv, text=True, capture_output=True, **kw)
+        child = subprocess.Popen(
+            argv,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            **kw,
+        )
     except FileNotFoundError as exc:
         raise BuildError(
             f"{argv[0]} is not installed ({exc.strerror}): run hack/install-node-prereqs "
-            "(as root; it installs Debian's mmdebstrap and umoci)"
+            "(as root; it installs the Debian tools the build uses)"
         ) from None
+    try:
+        stdout, stderr = child.communicate()
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        raise
+    proc = subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)
     if check and proc.returncode != 0:
         out = (proc.stdout + proc.stderr).strip()
         raise BuildError(f"{' '.join(argv[:3])} ... failed (exit {proc.returncode}):\n{out}")
@@ -288,22 +307,14 @@ def debian_root(debs: list[Deb], root: Path) -> None:
             dependencies that apt resolved beyond the pinned set (named, to be pinned).
     """
     argv = [
-        "mmdebstrap", "--variant=extract", "--format=directory", "--quiet",
+        "mmdebstrap", "--variant=extract", "--format=directory",
         f"--architectures={DEB_ARCH}", f"--include={','.join(d.pin for d in debs)}",
         f"--hook-dir={MERGED_USR_HOOKS}", "--skip=cleanup/apt/cache", "--skip=chroot/mount",
         *[f"--dpkgopt={f}" for f in DPKG_FILTERS], "bookworm", str(root), *DEBIAN_SOURCES,
     ]  # fmt: skip
     proc = run(argv, check=False)
     if proc.returncode != 0:
-        out = (proc.stdout + proc.stderr).strip()
-        hint = ""
-        if "was not found" in out or "has no installation candidate" in out:
-            hint = (
-                "\nDebian replaces versions on point releases and security updates. Run"
-                "\n  apt-get update && apt-cache policy NAME\nand set the pins in "
-                f"{PACKAGES_FILE.relative_to(ROOT)} to the Candidate versions."
-            )
-        raise BuildError(f"mmdebstrap failed (exit {proc.returncode}):\n{out}{hint}")
+        raise BuildError(mmdebstrap_error(proc.stdout + proc.stderr, proc.returncode))
     controls = [
         run(["dpkg-deb", "-f", str(deb)]).stdout.rstrip("\n")
         for deb in sorted((root / "var/cache/apt/archives").glob("*.deb"))
@@ -314,6 +325,26 @@ def debian_root(debs: list[Deb], root: Path) -> None:
     for entry in sorted((root / "dev").iterdir()):
         remove(entry)
     dpkg_status(root, controls)
+
+
+def mmdebstrap_error(output: str, code: int) -> str:
+    """The message of a failed mmdebstrap run: apt's first error first (a superseded pin is
+    named, with how to update it), then the end of the output."""
+    errors = [line[3:] for line in output.splitlines() if line.startswith("E: ")]
+    head = f"mmdebstrap failed (exit {code})" + (f": {errors[0]}" if errors else "")
+    tail = "\n".join(output.strip().splitlines()[-15:])
+    superseded = re.search(r"Version '[^']+' for '([^']+)' was not found", output)
+    if superseded:
+        return (
+            f"{head}\nDebian replaces versions on point releases and security updates. On a "
+            f"Debian bookworm host run\n  apt-get update && apt-cache policy "
+            f"{superseded.group(1)}\nand set the pin in {PACKAGES_FILE.relative_to(ROOT)} to "
+            "the Candidate version (the build then names any dependency to pin as well)."
+        )
+    if any("apt-get update" in e for e in errors):
+        why = "apt could not read the package lists (no network to the Debian mirror?)"
+        return f"{head}\n{why}:\n{tail}"
+    return f"{head}\n{tail}"
 
 
 def control_fields(control: str) -> dict[str, str]:
@@ -679,6 +710,7 @@ def write_archive(root: Path, config: dict[str, Any], ref: str, out: Path, mtime
         partial = Path(tmp) / "archive"
         names = ["blobs", "index.json", "manifest.json", "oci-layout"]
         reproducible_tar(layout, names, partial, mtime)
+        partial.chmod(0o644)
         partial.rename(out)
         return Built(desc["digest"], out.stat().st_size, layer.stat().st_size)
 
@@ -692,6 +724,19 @@ def blob_path(layout: Path, digest: str) -> Path:
 
 
 # --- Driver ----------------------------------------------------------------------------------
+
+
+def source_date_epoch() -> int:
+    """File times of the images: ``SOURCE_DATE_EPOCH`` (seconds since 1970, reproducible-builds
+    .org's convention; unset or empty: 0).
+
+    Raises:
+        BuildError: a value that is not a non-negative integer.
+    """
+    value = os.environ.get("SOURCE_DATE_EPOCH") or "0"
+    if not value.isdigit():
+        raise BuildError(f"SOURCE_DATE_EPOCH={value!r}: expected seconds since 1970 (an integer)")
+    return int(value)
 
 
 def cache_dir() -> Path:
@@ -737,31 +782,25 @@ def human(n: int) -> str:
 def build(
     image: str, ref: str, debs: list[Deb], out_dir: Path, tools: list[str], force: bool
 ) -> None:
-    mtime = int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
+    mtime = source_date_epoch()
     out = out_dir / f"{image}.oci.tar"
     stamp = out_dir / f".{image}.stamp"
     key = inputs_hash(image, ref, debs, mtime, tools)
-    try:
-        recorded = json.loads(stamp.read_text())
-    except (OSError, ValueError):
-        recorded = {}
-    if not force and out.exists() and recorded.get("inputs") == key:
-        built = Built(recorded["digest"], out.stat().st_size, recorded["layer_size"])
-        status = "up to date"
+    recorded = None if force else stamp_matches(stamp, key, out)
+    if recorded:
+        built, status = recorded, "up to date"
     else:
         cache = cache_dir()
         (cache / "tmp").mkdir(parents=True, exist_ok=True)
         log(f"{image}: building {ref}")
+        stamp.unlink(missing_ok=True)  # an archive without a stamp is never up to date
         with tempfile.TemporaryDirectory(dir=cache / "tmp") as tmp:
             root = Path(tmp) / "rootfs"
             root.mkdir()
             assemble(image, root, debs, cache)
             log(f"{image}: writing {out}")
             built = write_archive(root, image_config(image, ref), ref, out, mtime)
-        stamp.write_text(
-            dumps({"inputs": key, "digest": built.digest, "layer_size": built.layer_size}).decode()
-            + "\n"
-        )
+        write_stamp(stamp, key, built, out)
         status = "built"
     shown = out.relative_to(ROOT) if out.is_relative_to(ROOT) else out
     print(
@@ -769,6 +808,37 @@ def build(
         f"({human(built.layer_size)} uncompressed) {shown}",
         flush=True,
     )
+
+
+def write_stamp(stamp: Path, key: str, built: Built, out: Path) -> None:
+    """Record that ``out`` (its size and modification time) was built from inputs ``key``."""
+    st = out.stat()
+    record = {"inputs": key, "digest": built.digest, "layer_size": built.layer_size}
+    record |= {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    stamp.write_text(dumps(record).decode() + "\n")
+
+
+def stamp_matches(stamp: Path, key: str, out: Path) -> Built | None:
+    """The recorded build of ``out`` if it was built from inputs ``key`` and is still the
+    file that was written (same size and modification time); None otherwise."""
+    try:
+        recorded = json.loads(stamp.read_text())
+        st = out.stat()
+    except (OSError, ValueError):
+        return None
+    same_file = (recorded.get("size"), recorded.get("mtime_ns")) == (st.st_size, st.st_mtime_ns)
+    if recorded.get("inputs") != key or not same_file:
+        return None
+    return Built(recorded["digest"], st.st_size, recorded["layer_size"])
+
+
+def remove_stale_temporaries(cache: Path) -> None:
+    """Temporary trees of builds that were killed (SIGKILL, power loss); called with the
+    cache lock held, so no build of this cache is using them."""
+    tmp = cache / "tmp"
+    for entry in sorted(tmp.glob("tmp*")) if tmp.is_dir() else []:
+        log(f"removing {entry}, left by a build that was killed")
+        remove(entry)
 
 
 def rootfs_only(target: Path, debs: list[Deb]) -> None:
@@ -783,7 +853,7 @@ def rootfs_only(target: Path, debs: list[Deb]) -> None:
         assemble("plugin", root, debs, cache)
         for child in sorted(root.iterdir()):
             shutil.move(str(child), target / child.name)
-    normalize_tree(target, int(os.environ.get("SOURCE_DATE_EPOCH", "0")))
+    normalize_tree(target, source_date_epoch())
     log(f"plugin root filesystem in {target}")
 
 
@@ -838,6 +908,7 @@ def main(argv: list[str]) -> int:
             lock_hashes()
             return 0
         with cache_lock():
+            remove_stale_temporaries(cache_dir())
             if args.rootfs_only:
                 rootfs_only(args.rootfs_only.resolve(), packages["plugin"])
                 return 0
@@ -845,11 +916,25 @@ def main(argv: list[str]) -> int:
             tools = tool_versions()
             for name in args.images or IMAGES:
                 build(name, refs[name], packages[name], args.out.resolve(), tools, args.force)
-    except BuildError as e:
+    except (BuildError, OSError) as e:
         log(f"error: {e}")
         return 1
+    except KeyboardInterrupt:
+        log("interrupted; nothing half-built is left")
+        return 130
     return 0
 
 
+def interrupt_on_sigterm() -> None:
+    """SIGTERM (timeout, a CI cancel) ends the build as Ctrl-C does: the running tool is
+    killed and every temporary tree removed (otherwise hundreds of MiB are left behind)."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 if __name__ == "__main__":
+    interrupt_on_sigterm()
     sys.exit(main(sys.argv[1:]))

@@ -131,9 +131,13 @@ def test_lock_direct_pins_equal_pyproject() -> None:
 def test_debian_pins() -> None:
     packages = bi().parse_packages((ROOT / "devtools" / "image-packages.txt").read_text())
     names = {image: {d.name for d in debs} for image, debs in packages.items()}
-    assert {"libc6", "python3.11-minimal", "libpython3.11-stdlib", "ca-certificates"} <= names[
-        "plugin"
-    ]
+    assert {
+        "libc6",
+        "python3.11-minimal",
+        "libpython3.11-stdlib",
+        "ca-certificates",
+        "base-files",
+    } <= names["plugin"]
     assert "busybox-static" not in names["plugin"], "no shell in the plugin image"
     assert names["pause"] == names["busybox"] == {"busybox-static"}
     for debs in packages.values():
@@ -284,6 +288,73 @@ def test_a_missing_tool_is_named_with_how_to_install_it(
     assert "mmdebstrap is not installed" in capsys.readouterr().err
 
 
+# apt's error for a superseded pin, as mmdebstrap (without --quiet) prints it (bookworm,
+# mmdebstrap 1.3.5; one run with busybox-static=1:1.35.0-4+deb12u0).
+APT_SUPERSEDED = """I: running apt-get update...
+I: downloading packages with apt...
+E: Version '1:1.35.0-4+deb12u0' for 'busybox-static' was not found
+E: apt download failed: E: apt-get --yes -oDebug::pkgDpkgPm=1 install ... failed
+E: mmdebstrap failed to run
+"""
+
+
+def test_a_superseded_pin_is_named_with_how_to_update_it() -> None:
+    text = bi().mmdebstrap_error(APT_SUPERSEDED, 25)
+    assert text.splitlines()[0] == (
+        "mmdebstrap failed (exit 25): Version '1:1.35.0-4+deb12u0' for 'busybox-static' "
+        "was not found"
+    )
+    assert "apt-cache policy busybox-static" in text
+    assert "devtools/image-packages.txt" in text
+    other = bi().mmdebstrap_error("I: x\nE: apt-get update --error-on=any failed\n", 25)
+    assert "E: apt-get update --error-on=any failed" in other
+    assert "network" in other  # apt could not read the package lists
+
+
+@pytest.mark.parametrize("value", ["abc", "1.5", "-3"])
+def test_a_bad_source_date_epoch_is_one_line(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", value)
+    with pytest.raises(bi().BuildError, match="SOURCE_DATE_EPOCH"):
+        bi().source_date_epoch()
+
+
+def test_an_empty_source_date_epoch_means_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "")
+    assert bi().source_date_epoch() == 0
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    assert bi().source_date_epoch() == 1700000000
+
+
+def test_unusable_paths_are_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An --out or --rootfs-only that is a file, a cache that cannot be made: the error names
+    the path, no traceback."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    monkeypatch.setenv("DRA_DRIVER_CACHE", str(tmp_path / "cache"))
+    assert bi().main(["busybox", "--out", str(afile)]) == 1
+    assert str(afile) in capsys.readouterr().err
+    assert bi().main(["--rootfs-only", str(afile)]) == 1
+    assert str(afile) in capsys.readouterr().err
+    monkeypatch.setenv("DRA_DRIVER_CACHE", str(afile / "below-a-file"))
+    assert bi().main(["busybox", "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("build-image: error:") and "Traceback" not in err
+
+
+def test_a_damaged_archive_is_not_up_to_date(tmp_path: Path) -> None:
+    """The stamp says which archive it describes: an archive truncated or replaced after the
+    build is rebuilt, not reported up to date."""
+    out = tmp_path / "busybox.oci.tar"
+    out.write_bytes(b"x" * 100)
+    bi().write_stamp(tmp_path / ".busybox.stamp", "key", bi().Built("sha256:d", 100, 7), out)
+    assert bi().stamp_matches(tmp_path / ".busybox.stamp", "key", out) is not None
+    out.write_bytes(b"")
+    assert bi().stamp_matches(tmp_path / ".busybox.stamp", "key", out) is None
+    assert bi().stamp_matches(tmp_path / ".busybox.stamp", "other", out) is None
+
+
 def test_umoci_options_set_the_image_configuration() -> None:
     config = bi().image_config("pause", "localhost/pause:3.10.1")
     args = bi().config_args(config)
@@ -296,6 +367,45 @@ def test_umoci_options_set_the_image_configuration() -> None:
 
 
 # --- e2e tier: the layer and archive of a tiny tree (umoci, GNU tar) -------------------------
+
+
+@pytest.mark.e2e
+def test_a_superseded_pin_fails_naming_it(tmp_path: Path) -> None:
+    """The real mmdebstrap and apt with a version Debian does not serve."""
+    root = tmp_path / "root"
+    root.mkdir()
+    with pytest.raises(bi().BuildError) as err:
+        bi().debian_root([bi().Deb("busybox-static", "1:1.35.0-4+deb12u0")], root)
+    first = str(err.value).splitlines()[0]
+    assert "Version '1:1.35.0-4+deb12u0' for 'busybox-static' was not found" in first
+    assert "apt-cache policy busybox-static" in str(err.value)
+
+
+@pytest.mark.e2e
+def test_sigterm_mid_build_leaves_no_temporary_tree(tmp_path: Path) -> None:
+    """A build stopped by SIGTERM (timeout, a CI cancel) while mmdebstrap runs: it exits 130
+    and removes its temporary trees; before, ~350 MB per stopped build were left in the
+    cache and mmdebstrap kept running."""
+    cache = tmp_path / "cache"
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "busybox", "--force", "--out", str(tmp_path / "out")],
+        env={**os.environ, "DRA_DRIVER_CACHE": str(cache)},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if "busybox: building" in line:
+            break
+    time.sleep(1.0)  # mmdebstrap is now downloading or extracting
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=60) == 130, rest
+    assert "interrupted" in rest and "Traceback" not in rest
+    assert list((cache / "images" / "tmp").iterdir()) == []
+    assert not (tmp_path / "out" / "busybox.oci.tar").exists()
+    gone = subprocess.run(["pgrep", "-f", str(cache)], capture_output=True, text=True)
+    assert gone.stdout == "", "mmdebstrap still running"
 
 
 @pytest.mark.e2e
@@ -425,6 +535,10 @@ def test_images_hold_exactly_their_pinned_packages(images: dict[str, tuple[str, 
         with tarfile.open(fileobj=io.BytesIO(layer)) as tar:
             names = set(tar.getnames())
             bin_entry = tar.getmember("bin")
+            os_release = None
+            if "usr/lib/os-release" in names:
+                member = tar.extractfile("usr/lib/os-release")
+                os_release = member.read().decode() if member else None
             status = tar.extractfile("var/lib/dpkg/status").read().decode()  # type: ignore[union-attr]
         listed = re.findall(r"^Package: (\S+)\n(?:.*\n)*?Version: (\S+)$", status, flags=re.M)
         assert sorted(f"{n}={v}" for n, v in listed) == sorted(d.pin for d in packages[image])
@@ -432,6 +546,8 @@ def test_images_hold_exactly_their_pinned_packages(images: dict[str, tuple[str, 
         assert not names & left, f"{image}: {sorted(names & left)}"
         assert not [n for n in names if n.startswith("dev/")], image
         assert bin_entry.issym() and bin_entry.linkname == "usr/bin", image
+        if image in ("plugin", "tenant"):  # scanners read the OS from /etc/os-release
+            assert os_release is not None and "ID=debian" in os_release, image
 
 
 @pytest.mark.e2e
