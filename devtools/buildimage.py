@@ -31,7 +31,7 @@ Usage:
 Output: build/images/<image>.oci.tar (OCI image layout, plus a manifest.json for docker load).
 Load it with `ctr -n k8s.io images import build/images/plugin.oci.tar`.
 Needs mmdebstrap, umoci, GNU tar and pip (hack/install-node-prereqs installs the Debian
-packages; not root: mmdebstrap then runs in its unshare mode, with the same result), the Debian
+packages; root is not needed: mmdebstrap then runs in its unshare mode, same result), the Debian
 mirror on every build of an image (mmdebstrap downloads its packages each time; only the
 wheels are cached), and the Python package index when a wheel is not cached yet.
 """
@@ -863,7 +863,11 @@ def cache_lock() -> Iterator[None]:
     cache = cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     with (cache / ".lock").open("w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"waiting for another build that uses {cache} to finish")
+            fcntl.flock(f, fcntl.LOCK_EX)
         yield
 
 
@@ -871,6 +875,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="build-image",
         description=__doc__.split("\n\nUsage:", 1)[0] if __doc__ else None,
+        epilog=__doc__.split("\n\nOutput:", 1)[-1].join(["Output:", ""]) if __doc__ else None,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
@@ -882,7 +887,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for name in IMAGES:
         p.add_argument(f"--{name}-ref", metavar="REF", help=f"reference of the {name} image")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--print-ref", choices=IMAGES, metavar="IMAGE", help="print a reference")
+    mode.add_argument(
+        "--print-ref",
+        choices=IMAGES,
+        metavar="IMAGE",
+        help="print the image reference that a build would use",
+    )
     mode.add_argument("--rootfs-only", type=Path, metavar="DIR",
                       help="write only the plugin's root filesystem into DIR")  # fmt: skip
     mode.add_argument("--lock-hashes", action="store_true",

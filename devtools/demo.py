@@ -487,7 +487,8 @@ def run_demo(work: Path, logs: Path, keep: bool) -> dict[str, Any]:
     t = time.monotonic()
     if run_logged([sys.executable, str(HACK / "build-image")], build_log) != 0:
         raise RuntimeError("hack/build-image failed (see above)")
-    out.line(f"images ready in {time.monotonic() - t:.1f}s (build output: logs/build.log)")
+    kept_logs = Path(tempfile.gettempdir()) / f"{work.name}-logs"  # where main moves logs/
+    out.line(f"images ready in {time.monotonic() - t:.1f}s (build output: {kept_logs}/build.log)")
     out.step("Cluster binaries (kubelet, control plane, kubectl, helm, containerd) from Go modules")
     t = time.monotonic()
     if run_logged([str(HACK / "build-k8s")], build_log) != 0:

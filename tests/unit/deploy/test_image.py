@@ -17,6 +17,7 @@ plugin layer.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import gzip
 import hashlib
 import io
@@ -28,6 +29,7 @@ import stat
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import tomllib
 import zipfile
@@ -353,6 +355,30 @@ def test_a_damaged_archive_is_not_up_to_date(tmp_path: Path) -> None:
     out.write_bytes(b"")
     assert bi().stamp_matches(tmp_path / ".busybox.stamp", "key", out) is None
     assert bi().stamp_matches(tmp_path / ".busybox.stamp", "other", out) is None
+
+
+def test_a_build_waiting_for_the_cache_lock_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A second build of the same cache waits for the first; it used to wait silently,
+    which looked like a hang."""
+    monkeypatch.setenv("DRA_DRIVER_CACHE", str(tmp_path))
+    lock = tmp_path / "images" / ".lock"
+    lock.parent.mkdir(parents=True)
+    entered = threading.Event()
+
+    def second_build() -> None:
+        with bi().cache_lock():
+            entered.set()
+
+    with lock.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        waiter = threading.Thread(target=second_build)
+        waiter.start()
+        assert not entered.wait(0.5), "the lock did not hold the second build"
+    waiter.join(10)
+    assert entered.is_set()
+    assert f"waiting for another build that uses {tmp_path / 'images'}" in capsys.readouterr().err
 
 
 def test_umoci_options_set_the_image_configuration() -> None:
