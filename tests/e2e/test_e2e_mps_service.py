@@ -116,14 +116,20 @@ def attached(e2e: E2E, pod: str) -> dict[str, str] | None:
 
 @contextlib.contextmanager
 def probes(e2e: E2E) -> Iterator[dict[str, dict[str, str]]]:
-    """Two probes, time-slicing and sm-sharing, attached; yields pod -> its first line."""
+    """Two probes, time-slicing and sm-sharing, attached; yields pod -> the line of its attach
+    (``state=connected``, with its limits). Not the last line: a probe reports ``same``
+    (server and namespace only) every second after it attaches, and the test that compares
+    limits after a re-attach once read a ``same`` line (KeyError: 'pinned_memory_limit')."""
     node = e2e.nodes[0]
     start_probe(e2e, "probe-ts", node, "gpu-quarter", TIME_SLICING_GPUS[3])
     start_probe(e2e, "probe-sm", node, "gpu-quarter-sm-sharing", SM_SHARING_PRODUCT_GPUS[3])
     first = {}
     for pod in ("probe-ts", "probe-sm"):
         e2e.wait_running(pod, timeout=90)
-        first[pod] = wait_for(f"{pod} attached", lambda p=pod: attached(e2e, p), timeout=60)
+        wait_for(f"{pod} attached", lambda p=pod: attached(e2e, p), timeout=60)
+        first[pod] = next(
+            x for x in reversed(probe_lines(e2e, pod)) if x.get("state") == "connected"
+        )
     yield first
 
 
