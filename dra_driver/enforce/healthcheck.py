@@ -87,12 +87,7 @@ class HealthRepair:
         in ``health`` (a failure makes the GPU unhealthy whatever its other targets say)."""
         done: dict[tuple[str, str], str | Exception] = {}
         for t in targets:
-            bound = log.bind(
-                claim_uid=t.claim.uid,
-                namespace=t.claim.namespace,
-                name=t.claim.name,
-                gpu=t.gpu.uuid,
-            )
+            bound = log.bind(**t.log_fields)
             key = (t.server, t.namespace)
             if key not in done:
                 try:

@@ -160,7 +160,7 @@ class ClaimLifecycle:
             except EFFECT_ERRORS as exc:
                 log.warning(
                     "rollback: MPS removal failed",
-                    claim_uid=t.claim.uid,
+                    **t.log_fields,
                     mps_server=t.server,
                     error=str(exc),
                 )

@@ -211,10 +211,7 @@ class MpsObjects:
                 log.warning(
                     "clients attached to a new MPS namespace before its limits were set; "
                     "terminating them so that no process runs without the claim's limits",
-                    claim_uid=t.claim.uid,
-                    namespace=t.claim.namespace,
-                    name=t.claim.name,
-                    gpu=t.gpu.uuid,
+                    **t.log_fields,
                     mps_server=srv,
                     mps_namespace=ns,
                     pids=early,
@@ -247,10 +244,7 @@ class MpsObjects:
             )
         log.warning(
             "MPS namespace limits drifted; re-setting them",
-            claim_uid=t.claim.uid,
-            namespace=t.claim.namespace,
-            name=t.claim.name,
-            gpu=t.gpu.uuid,
+            **t.log_fields,
             mps_server=srv,
             mps_namespace=ns,
             drift=drift,

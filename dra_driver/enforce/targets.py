@@ -151,6 +151,14 @@ class FractionTarget:
     claim_gpus: tuple[Gpu, ...] = ()
 
     @property
+    def log_fields(self) -> dict[str, str]:
+        """What every log line about this target carries: ``claim_uid``, ``namespace``,
+        ``name`` (the claim's) and ``gpu`` (its UUID)."""
+        claim = self.claim
+        return {"claim_uid": claim.uid, "namespace": claim.namespace, "name": claim.name,
+                "gpu": self.gpu.uuid}  # fmt: skip
+
+    @property
     def dedicated(self) -> bool:
         """Whether the claim has its own MPS server (it spans several GPUs)."""
         return len(self.claim_gpus) > 1
