@@ -68,6 +68,21 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_node(p: argparse.ArgumentParser, gpus_note: str) -> None:
+    """``--node-name`` and ``--gpus`` (env NODE_NAME, GPUS), for the commands that run on a
+    node; ``gpus_note`` is added to the ``--gpus`` help."""
+    p.add_argument(
+        "--node-name",
+        default=os.environ.get("NODE_NAME"),
+        help="this node (required; or env NODE_NAME)",
+    )
+    p.add_argument(
+        "--gpus",
+        default=os.environ.get("GPUS", "nvml"),
+        help=f"GPU source: 'nvml' (default) or 'simulated:H200x8' etc.{gpus_note} (env GPUS)",
+    )
+
+
 def _add_mps_control(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--mps-control",
@@ -102,16 +117,7 @@ def _kubelet_plugin_parser(sub: Subparsers) -> None:
         "node's ResourceSlices, and prepare/unprepare claims.",
     )
     _add_common(p)
-    p.add_argument(
-        "--node-name",
-        default=os.environ.get("NODE_NAME"),
-        help="this node (required; or env NODE_NAME)",
-    )
-    p.add_argument(
-        "--gpus",
-        default=os.environ.get("GPUS", "nvml"),
-        help="GPU source: 'nvml' (default) or 'simulated:H200x8' etc. (env GPUS)",
-    )
+    _add_node(p, "")
     p.add_argument(
         "--kubeconfig",
         default=os.environ.get("KUBECONFIG"),
@@ -261,17 +267,7 @@ def _mps_service_parser(sub: Subparsers) -> None:
         "MPS client on the node loses its server.",
     )
     _add_common(p)
-    p.add_argument(
-        "--node-name",
-        default=os.environ.get("NODE_NAME"),
-        help="this node (required; or env NODE_NAME)",
-    )
-    p.add_argument(
-        "--gpus",
-        default=os.environ.get("GPUS", "nvml"),
-        help="GPU source: 'nvml' (default) or 'simulated:H200x8' etc.; with simulated GPUs "
-        "the MPS emulator runs, serving exactly their UUIDs (env GPUS)",
-    )
+    _add_node(p, "; with simulated GPUs the MPS emulator runs, serving exactly their UUIDs")
     p.add_argument(
         "--mps-root",
         default="/run/gpu-fraction",
