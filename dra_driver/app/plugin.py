@@ -25,7 +25,7 @@ from dra_driver.enforce.nvmlcontrol import NvmlFacade, PynvmlFacade
 from dra_driver.enforce.simnvml import SimulatedNvml
 from dra_driver.enforce.tiers import EnforcementReport, detect_enforcement
 from dra_driver.gpus import open_source, simnode
-from dra_driver.infra.atomicfile import ensure_dir
+from dra_driver.infra.atomicfile import private_dir
 from dra_driver.infra.budget import DEFAULT_CALL_BUDGET_S
 from dra_driver.infra.kubeconfig import api_client
 from dra_driver.infra.locking import PrepareLock
@@ -35,7 +35,7 @@ from dra_driver.kubelet.server import PluginServer, SocketPaths
 from dra_driver.model.plans import ClaimPlan
 from dra_driver.observe.accounting import UsageSource, register_accounting
 from dra_driver.observe.claimstatuswriter import ClaimStatusWriter
-from dra_driver.observe.rootclients import RootClientWatch
+from dra_driver.observe.consumers import ClaimConsumers, ConsumerWatch
 from dra_driver.observe.usage import MpsUsageSource
 from dra_driver.prepare.checkpoint import read_boot_id
 from dra_driver.prepare.claims import ApiClaimReader
@@ -85,19 +85,19 @@ class PluginOptions:
         return Path(self.simulation_root or Path(self.state_dir) / "simulated")
 
 
-def watch_root_clients(
-    watch: RootClientWatch,
+def watch_consumers(
+    watch: ConsumerWatch,
     preparation: ClaimPreparation,
     stop: threading.Event,
     interval: float = 5.0,
 ) -> None:
-    """Check the prepared claims for containers that run as root every ``interval`` seconds
-    until ``stop`` is set (:mod:`dra_driver.observe.rootclients`)."""
+    """Check the consumers of the prepared claims every ``interval`` seconds until ``stop`` is
+    set (:mod:`dra_driver.observe.consumers`)."""
     while not stop.wait(interval):
         try:
             watch.check(preparation.prepared_plans())
         except Exception:  # keep watching whatever happens
-            log.exception("root client check failed")
+            log.exception("consumer check failed")
 
 
 def make_enforcer(
@@ -224,7 +224,9 @@ class RunningPlugin:
         """The state directory, the node configuration, the GPU inventory and the socket
         paths, checked; on simulated GPUs, their device nodes and CDI hook installed."""
         opts = self.opts
-        ensure_dir(Path(opts.state_dir), 0o700)  # owner-only before anything is put in it
+        private_dir(Path(opts.state_dir))  # owner-only before anything is put in it
+        for records in (opts.mps.user_record_root, opts.mps.record_root):
+            private_dir(records)  # the hooks' records name every tenant's containers
         config = load_node_config(opts.node_config)
         lost_file = opts.sim_root / simnode.LOST_GPUS if opts.simulated else None
         source = open_source(opts.gpus, seed=opts.node_name, lost_file=lost_file)
@@ -258,10 +260,10 @@ class RunningPlugin:
         metrics: Metrics,
     ) -> ClaimPreparation:
         """The claim status writer, Prepare/Unprepare, the kubelet's gRPC services and the
-        root client watch, started; returns the ClaimPreparation."""
+        consumer watch, started; returns the ClaimPreparation."""
         opts = node.opts
         on_prepared = None
-        on_root: Callable[[ClaimPlan, list[str]], None] | None = None
+        on_consumers: Callable[[ClaimPlan, ClaimConsumers], None] | None = None
         if opts.claim_device_status:
             writer = ClaimStatusWriter.of(
                 api,
@@ -272,7 +274,7 @@ class RunningPlugin:
                 opts.mps.default_active_thread_percentage,
             )
             self._thread("claim-status", writer.run, self.stop)
-            on_prepared, on_root = writer.submit, writer.flag_root
+            on_prepared, on_consumers = writer.submit, writer.observe
         preparation = ClaimPreparation(
             driver_name=opts.driver_name,
             pool=opts.node_name,
@@ -295,8 +297,8 @@ class RunningPlugin:
         server = PluginServer(preparation, node.paths, node.state.health, opts.health_interval)
         self._stack.callback(server.stop)
         server.start()
-        watch = RootClientWatch(Path(opts.mps.user_record_root), on_root)
-        self._thread("root-clients", watch_root_clients, watch, preparation, self.stop)
+        watch = ConsumerWatch(Path(opts.mps.user_record_root), on_consumers)
+        self._thread("consumers", watch_consumers, watch, preparation, self.stop)
         return preparation
 
     def _publish(

@@ -10,6 +10,8 @@ A ResourceClaim (or DeviceClass) carries them in ``spec.devices.config[].opaque`
     memoryLimitPortion: "0.8"    # ceiling as a portion of the card, in (0, 1]
     computeMode: sm-sharing      # or time-slicing; must equal the GPU's mode
     activeThreadPercentage: 50   # 1..100, sm-sharing only
+    maxConsumers: 2              # 1..32 containers using the claim at once (default 1);
+                                 # the ceiling and the request are divided among them
     maxMemoryLimit: 40Gi         # caps (an admin writes them in a DeviceClass's config)
     maxMemoryLimitPortion: "0.5"
     maxActiveThreadPercentage: 25
@@ -51,8 +53,14 @@ _FIELDS = {
     "memoryLimitPortion",
     "computeMode",
     "activeThreadPercentage",
+    "maxConsumers",
     *CAP_FIELDS,
 }
+
+MAX_CONSUMERS = 32
+"""Most containers one claim may serve at once (``maxConsumers``): each gets at least 1/32 of
+the claim's ceiling, and the claim's MPS clients stay within its share of the server's client
+table (``docs/enforcement.md``, "Sharing a claim")."""
 
 
 MAX_BYTES = 2**63 - 1
@@ -136,6 +144,8 @@ class ClaimParameters:
         memory_limit_portion: ceiling as a portion of the card in (0, 1], or None.
         compute_mode: ``time-slicing`` | ``sm-sharing`` | None (= the GPU's mode).
         active_thread_percentage: 1..100 or None (sm-sharing only).
+        max_consumers: 1..:data:`MAX_CONSUMERS` containers that may use the claim at once, or
+            None (= 1).
         limits: the caps these parameters set (:class:`ClaimLimits`).
     """
 
@@ -143,6 +153,7 @@ class ClaimParameters:
     memory_limit_portion: Fraction | None = None
     compute_mode: str | None = None
     active_thread_percentage: int | None = None
+    max_consumers: int | None = None
     limits: ClaimLimits = ClaimLimits()
 
     def merged(self, later: ClaimParameters) -> ClaimParameters:
@@ -217,7 +228,8 @@ def parse_parameters(raw: Any, where: str = "parameters") -> ClaimParameters:
     Raises:
         ParameterError: not an object, wrong apiVersion/kind, unknown field, malformed
             quantity, portion outside (0, 1], both limit forms at once, unknown compute
-            mode, percentage outside 1..100, or a percentage with time-slicing.
+            mode, percentage outside 1..100, a percentage with time-slicing, or
+            ``maxConsumers`` outside 1..:data:`MAX_CONSUMERS`.
     """
     if not isinstance(raw, dict):
         raise ParameterError(f"{where}: expected an object, got {json_kind(raw)}")
@@ -247,6 +259,16 @@ def parse_parameters(raw: Any, where: str = "parameters") -> ClaimParameters:
             raise ParameterError(
                 f"{where}.activeThreadPercentage is only valid with computeMode sm-sharing"
             )
+    consumers = raw.get("maxConsumers")
+    if consumers is not None and (
+        isinstance(consumers, bool)
+        or not isinstance(consumers, int)
+        or not 1 <= consumers <= MAX_CONSUMERS
+    ):
+        raise ParameterError(
+            f"{where}.maxConsumers: {shown(consumers)} must be 1..{MAX_CONSUMERS} (containers "
+            "that may use the claim at once; its memory is divided among them)"
+        )
     return ClaimParameters(
         memory_limit_bytes=(
             quantity_bytes(raw["memoryLimit"], f"{where}.memoryLimit")
@@ -260,5 +282,6 @@ def parse_parameters(raw: Any, where: str = "parameters") -> ClaimParameters:
         ),
         compute_mode=mode,
         active_thread_percentage=pct,
+        max_consumers=consumers,
         limits=parse_limits(raw, where),
     )

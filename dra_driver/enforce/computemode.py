@@ -11,7 +11,7 @@ import structlog
 
 from dra_driver.enforce.nvmlcontrol import NvmlError, NvmlFacade
 from dra_driver.gpus import Gpu
-from dra_driver.infra.atomicfile import ensure_dir
+from dra_driver.infra.atomicfile import private_dir
 
 log = structlog.get_logger(__name__)
 
@@ -38,9 +38,9 @@ class ComputeModes:
             NvmlError: NVML refused to read or set the mode.
         """
         marker = self.markers / gpu.uuid
-        ensure_dir(marker.parent, 0o755)
+        private_dir(marker.parent)
         marker.write_text(mode + "\n")
-        os.chmod(marker, 0o644)
+        os.chmod(marker, 0o600)
         if self.nvml.compute_mode(gpu.uuid) != mode:
             self.nvml.set_compute_mode(gpu.uuid, mode)
             log.info("GPU compute mode set", gpu=gpu.uuid, gpu_index=gpu.index, compute_mode=mode)

@@ -159,6 +159,17 @@ class MpsControl:
             "server", "create", name, "--uid=0", "--allowed-devices=" + ",".join(allowed_devices)
         )
 
+    def server_set(self, name: str, pinned_memory_limit: str, threads: int) -> None:
+        """``server set <name> --pinned-memory-limit=<v> --active-thread-percentage=<p>``: the
+        limits of the server's ``default`` namespace (NVIDIA MPS docs, "MPS v3 Interface")."""
+        self.run(
+            "server",
+            "set",
+            name,
+            f"--pinned-memory-limit={pinned_memory_limit}",
+            f"--active-thread-percentage={threads}",
+        )
+
     def server_delete(self, name: str, force: bool = False) -> None:
         """``server delete <name> [--force]`` (refused while clients are attached unless force)."""
         self.run("server", "delete", name, *(["--force"] if force else []))

@@ -27,10 +27,10 @@ import structlog
 
 from dra_driver.enforce.base import MpsError
 from dra_driver.enforce.control import MpsCommandError, MpsControl, MpsTimeout
-from dra_driver.enforce.names import CONTROL_BINARY, daemon_pipe_dir
+from dra_driver.enforce.names import CONTROL_BINARY, CONTROL_SOCKET, PIPE_DIR_MODE, daemon_pipe_dir
 from dra_driver.enforce.readiness import ReadinessError, read_state, state_path
 from dra_driver.infra import budget
-from dra_driver.infra.atomicfile import ensure_dir, write_atomic
+from dra_driver.infra.atomicfile import owner_only, private_dir, write_atomic
 from dra_driver.infra.runner import Runner
 from dra_driver.model.vocabulary import COMPUTE_MODES, ComputeMode
 
@@ -100,6 +100,17 @@ class MpsDaemon:
         (this daemon is the plugin's own) or it is ready."""
         return None
 
+    def prepare_start(self) -> None:
+        """Before a start: the pipe directory traversable but not listable by others (tenants
+        of any UID reach their namespace below it by its path; the names of the servers and
+        of other claims' namespaces stay hidden), the log directory and the ``-a`` file
+        owner-only, stale files of a crashed daemon removed."""
+        private_dir(self.pipe_dir, PIPE_DIR_MODE)
+        private_dir(self.log_dir, 0o700)
+        write_atomic(self.config_file, config_toml(self.mode).encode(), 0o600, durable=False)
+        for stale in (CONTROL_SOCKET, "nvidia-cuda-mps-control.pid"):
+            (self.pipe_dir / stale).unlink(missing_ok=True)
+
     def alive(self) -> bool:
         """Whether the daemon answers ``server list`` (False also when it is hung)."""
         try:
@@ -134,17 +145,14 @@ class MpsDaemon:
         """
         if self._running():
             return False
-        ensure_dir(self.pipe_dir, 0o755)  # tenants of any UID reach their namespace below it
-        ensure_dir(self.log_dir, 0o755)
-        write_atomic(self.config_file, config_toml(self.mode).encode(), 0o644, durable=False)
-        for stale in ("control", "nvidia-cuda-mps-control.pid"):
-            (self.pipe_dir / stale).unlink(missing_ok=True)
+        self.prepare_start()
         log.info("starting MPS control daemon", mode=self.mode, pipe_dir=str(self.pipe_dir))
         self.control.start_daemon(self.config_file)
         call = budget.current()
         for _ in range(max(1, self.start_checks)):
             if self.alive():
                 self.starts += 1
+                owner_only(self.pipe_dir / CONTROL_SOCKET)
                 return True
             if call is not None and call.spent():
                 break

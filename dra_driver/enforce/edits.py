@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from dra_driver.enforce.hooks import (
+    consumer_gate_hook,
     memory_env,
     memory_limit_hook,
     record_cgroup_hook,
-    record_user_hook,
 )
 from dra_driver.enforce.names import daemon_pipe_dir, mib
 from dra_driver.enforce.targets import FractionTarget, MpsOptions
@@ -18,6 +18,10 @@ from dra_driver.model.vocabulary import ComputeMode, Tier
 
 CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"
 """Where the claim's namespace pipe directory appears inside the container."""
+PIPE_MOUNT_OPTIONS = ("rbind", "ro", "nosuid", "nodev", "noexec")
+"""The namespace pipe directory is mounted read-only: a client connects to the socket in it
+(connecting to a unix socket needs no write access to its file system), and a container
+cannot put files into the directory the MPS server owns."""
 
 
 def namespace_pipe_dir(target: FractionTarget, options: MpsOptions) -> str:
@@ -32,7 +36,12 @@ def target_edits(
     target: FractionTarget, pipe_dir: str | None, options: MpsOptions
 ) -> ContainerEdits:
     """Pure: the CDI edits of one device of ``target`` (env, the pipe mount, hooks: on every
-    MPS tier the user record hook, on ``hard`` also the memory-limit and cgroup record hooks).
+    MPS tier the consumer gate, on ``hard`` also the memory-limit and cgroup record hooks).
+
+    The ``hard`` tier's per-container limits are one consumer's share
+    (:attr:`FractionTarget.consumer_request_mib`, :attr:`FractionTarget.consumer_limit_mib`):
+    the gate admits at most ``max_consumers`` running containers, so together they never hold
+    more than the claim's ceiling.
 
     ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` mirrors the namespace's SM ceiling when there is one
     (sm-sharing, below 100); in v3 the namespace value wins over the client's (NVIDIA MPS
@@ -53,17 +62,36 @@ def target_edits(
     if target.mode == ComputeMode.SM_SHARING and target.threads < 100:
         head.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={target.threads}")
     env = head + env
-    mounts = (Mount(pipe_dir, CONTAINER_PIPE_DIR),)
-    users = record_user_hook(str(options.user_record_root / target.claim.uid), options.record_shell)
+    mounts = (Mount(pipe_dir, CONTAINER_PIPE_DIR, PIPE_MOUNT_OPTIONS),)
+    gate = consumer_gate_hook(
+        str(options.user_record_root / target.claim.uid),
+        target.max_consumers,
+        f"{target.claim.namespace}/{target.claim.name}",
+        consumers_advice(target),
+        options.record_shell,
+    )
     if target.tier != Tier.HARD:
-        return ContainerEdits(env=tuple(env), mounts=mounts, hooks=(users,))
-    env.extend(memory_env(mib(target.request_bytes), mib(target.limit_bytes)))
+        return ContainerEdits(env=tuple(env), mounts=mounts, hooks=(gate,))
+    env.extend(memory_env(target.consumer_request_mib, target.consumer_limit_mib))
     hooks = [memory_limit_hook(target.gpu.uuid, options.driver_root, options.ctk_hook_path)]
     if options.record_cgroups:
         record_dir = str(options.record_root / target.claim.uid)
         hooks.append(record_cgroup_hook(record_dir, options.record_shell))
-    hooks.append(users)
+    hooks.append(gate)
     return ContainerEdits(env=tuple(env), mounts=mounts, hooks=tuple(hooks))
+
+
+def consumers_advice(target: FractionTarget) -> str:
+    """Pure: the end of the consumer gate's refusal: how the claim's ceiling is divided and what
+    the user can do, e.g. ``each may hold 17891 MiB of its 17891 MiB ceiling on GPU 0; stop the
+    other container, give each pod its own claim (a ResourceClaimTemplate), or raise
+    maxConsumers in the claim's GpuFractionParameters (the ceiling is divided among them)``."""
+    return (
+        f"each may hold {target.consumer_limit_mib} MiB of its {mib(target.limit_bytes)} MiB "
+        f"ceiling on GPU {target.gpu.index}; stop the other container, give each pod its own "
+        "claim (a ResourceClaimTemplate), or raise maxConsumers in the claim's "
+        "GpuFractionParameters (the ceiling is divided among them)"
+    )
 
 
 def claim_edits(

@@ -18,9 +18,13 @@ A ``poststop`` hook cannot do that job: runc removes the container's cgroup *bef
 poststop hooks (libcontainer ``destroy()``: cgroup manager Destroy, then state dir, then
 poststop hooks), so the leaf is gone by then.
 
-3. Our ``createRuntime`` *user* hook (every MPS tier): records the UID each container of the
-   claim runs as, so that the plugin can warn about root MPS clients (a root client can change
-   the limits of its neighbours' namespaces; NVIDIA MPS docs, "Security").
+3. Our ``createRuntime`` *consumer gate* (every MPS tier): admits at most ``maxConsumers``
+   running containers of the claim (a container past them fails to start, with a message the
+   kubelet shows on the pod) and records each admitted one (UID, PID, start time, pod and
+   container), so that all consumers of one claim together stay within its ceiling (each gets
+   its share in the ``hard`` tier's per-container limit), the claim's status can list them,
+   and the plugin can warn about root MPS clients (a root client can change the limits of its
+   neighbours' namespaces; NVIDIA MPS docs, "Security").
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ RECORD_SHELL = "/bin/sh"
 
 _RECORD_SCRIPT = "; ".join(
     (
+        "umask 077",
         r'd="$1"',
         r"s=$(cat)",
         r"w='[[:space:]]*'",
@@ -53,24 +58,56 @@ _RECORD_SCRIPT = "; ".join(
 (the ``0::`` line of ``/proc/<pid>/cgroup``) into ``$1/<id>``; always exits 0."""
 
 
-_USER_SCRIPT = "; ".join(
+_CONSUMER_SCRIPT = "\n".join(
     (
-        r'd="$1"',
+        "umask 077",
+        r'd="$1"; m="$2"; claim="$3"; how="$4"',
+        r'fail() { printf "gpu-fraction.dra.dev: %s\n" "$1" >&2; exit 1; }',
         r"s=$(cat)",
         r"w='[[:space:]]*'",
-        r'i=$(printf %s "$s" | sed -n "s/.*\"id\"$w:$w\"\([A-Za-z0-9_.-]*\)\".*/\1/p")',
-        r'b=$(printf %s "$s" | sed -n "s/.*\"bundle\"$w:$w\"\([^\"]*\)\".*/\1/p")',
-        r'[ -n "$i" ] && [ -n "$b" ] || exit 0',
+        r'f() { printf %s "$s" | sed -n "s/.*\"$1\"$w:$w\"\([^\"]*\)\".*/\1/p"; }',
+        r'i=$(f id | tr -cd "A-Za-z0-9_.-")',
+        r"b=$(f bundle)",
+        r'p=$(printf %s "$s" | sed -n "s/.*\"pid\"$w:$w\([0-9][0-9]*\).*/\1/p")',
+        r'[ -n "$i" ] && [ -n "$b" ] && [ -n "$p" ] || fail "cannot read the OCI state of the '
+        r'container, so the consumers of claim $claim cannot be counted; container refused"',
         r'u=$(sed -n "s/.*\"user\"$w:$w{$w\"uid\"$w:$w\([0-9][0-9]*\).*/\1/p" '
         r'"$b/config.json" 2>/dev/null)',
-        r'[ -n "$u" ] || exit 0',
-        r'mkdir -p "$d" 2>/dev/null && printf "%s\n" "$u" > "$d/$i" 2>/dev/null',
+        r'who="$(f io.kubernetes.cri.sandbox-namespace)/$(f io.kubernetes.cri.sandbox-name)'
+        r'/$(f io.kubernetes.cri.container-name)"',
+        r'who=$(printf %s "$who" | tr -cd "A-Za-z0-9_./-")',
+        r'start() { sed "s/.*) //" "/proc/$1/stat" 2>/dev/null | cut -d" " -f20; }',
+        r"t=$(start $p)",
+        r'[ -n "$t" ] || fail "container process $p is gone before it started; container refused"',
+        r'mkdir -p "$d" || fail "cannot write the consumer records in $d"',
+        r'exec 9>"$d/.lock" || fail "cannot lock the consumer records in $d"',
+        r'if command -v flock >/dev/null 2>&1; then flock -w 10 9 || fail "consumer records of '
+        r'claim $claim stayed locked for 10 s; try again"; fi',
+        r'[ -f "$d/$i" ] && exit 0',
+        r'n=0; on=""',
+        r'for r in "$d"/*; do',
+        r'  [ -f "$r" ] || continue',
+        r'  set -- $(cat "$r" 2>/dev/null)',
+        r"  [ $# -ge 3 ] || continue",
+        r'  if [ "$(start $2)" = "$3" ]; then n=$((n+1)); on="$on ${4:-?}"; else rm -f "$r"; fi',
+        r"done",
+        r'[ "$n" -lt "$m" ] || fail "claim $claim already has $n running consumer(s) (${on# }) and '
+        r'allows $m at once: $how"',
+        r'printf "%s %s %s %s\n" "${u:--}" "$p" "$t" "$who" > "$d/.$i" && mv "$d/.$i" "$d/$i" '
+        r'|| fail "cannot write the consumer record $d/$i"',
         "exit 0",
     )
 )
-"""Reads the OCI state (JSON on stdin), takes ``id`` and ``bundle``, and writes the UID the
-container's process will run as (``process.user.uid`` of ``<bundle>/config.json``) into
-``$1/<id>``; always exits 0."""
+"""The consumer gate: reads the OCI state (JSON on stdin: ``id``, ``pid``, ``bundle``, the CRI
+annotations naming the pod and container), and under a lock on the claim's record directory
+``$1`` counts the claim's running consumers (records whose process still runs with the
+recorded start time; records of ended containers are removed). Below ``$2`` it writes
+``$1/<container-id>``: ``<uid> <pid> <start-time-in-ticks> <namespace>/<pod>/<container>``
+(``uid``: ``process.user.uid`` of ``<bundle>/config.json``, ``-`` if unreadable) and exits 0;
+at ``$2`` it exits 1 with a message naming the claim (``$3``), the running consumers and what
+to do (``$4``), which the runtime reports on the pod. A container already recorded (another
+device of the same claim) passes. ``flock`` (util-linux) serialises concurrent creations where
+the host has it."""
 
 
 def memory_limit_hook(gpu_uuid: str, driver_root: str, hook_path: str = CTK_HOOK_PATH) -> Hook:
@@ -98,13 +135,32 @@ def record_cgroup_hook(record_dir: str, shell: str = RECORD_SHELL) -> Hook:
     )
 
 
-def record_user_hook(record_dir: str, shell: str = RECORD_SHELL) -> Hook:
-    """Our ``createRuntime`` hook that records the UID a container of the claim runs as under
-    ``record_dir`` (:mod:`dra_driver.observe.rootclients` warns about root clients of MPS)."""
+def consumer_gate_hook(
+    record_dir: str, max_consumers: int, claim: str, advice: str, shell: str = RECORD_SHELL
+) -> Hook:
+    """Our ``createRuntime`` hook that admits at most ``max_consumers`` running containers of a
+    claim and records each one under ``record_dir`` (:data:`_CONSUMER_SCRIPT`).
+
+    Args:
+        record_dir: ``<root>/users/<claim-uid>``.
+        max_consumers: containers that may use the claim at once (1..32).
+        claim: ``<namespace>/<name>`` of the claim, for the refusal.
+        advice: the end of the refusal: what each consumer may hold and what to do.
+        shell: the host shell that runs the script.
+    """
     return Hook(
         hook_name="createRuntime",
         path=shell,
-        args=(Path(shell).name, "-c", _USER_SCRIPT, "gpu-fraction-user", record_dir),
+        args=(
+            Path(shell).name,
+            "-c",
+            _CONSUMER_SCRIPT,
+            "gpu-fraction-consumer",
+            record_dir,
+            str(max_consumers),
+            claim,
+            advice,
+        ),
     )
 
 

@@ -133,3 +133,23 @@ def parse_memory(text: str) -> int | None:
 def daemon_pipe_dir(root: Path, mode: str) -> Path:
     """``CUDA_MPS_PIPE_DIRECTORY`` of the daemon serving ``mode`` under the enforcer's MPS root."""
     return root / mode / "pipe"
+
+
+CONTROL_SOCKET = "control"
+"""The socket every MPS daemon, server and namespace listens on in its directory (NVIDIA MPS
+docs, "MPS v3 Namespaces")."""
+
+PIPE_DIR_MODE = 0o711
+"""A daemon's pipe directory and its servers' directories: traversable by every UID (a tenant
+reaches its namespace's socket by its path) but not listable (other claims' namespaces stay
+hidden)."""
+
+DEFAULT_NAMESPACE = "default"
+"""Every MPS server's implicit namespace, reached through ``<server>/control``."""
+DEFAULT_NAMESPACE_LIMIT = "1M"
+"""The pinned memory limit of every server's ``default`` namespace: no claim uses it, so a
+process that reaches it gets too little for a CUDA context (a client's own context takes a few
+hundred MiB of its limit, measured in NVIDIA's Dynamo MPS guide). [UNKNOWN] whether a real MPS
+server takes a limit this small: ``hack/gpu-check`` reads it back."""
+DEFAULT_NAMESPACE_THREADS = 1
+"""The active thread percentage of every server's ``default`` namespace (the smallest)."""

@@ -15,13 +15,20 @@ from dra_driver.enforce.computemode import ComputeModes
 from dra_driver.enforce.control import MpsCommandError, MpsControl
 from dra_driver.enforce.daemon import MpsDaemon
 from dra_driver.enforce.edits import namespace_pipe_dir
-from dra_driver.enforce.names import memory_arg
+from dra_driver.enforce.names import (
+    CONTROL_SOCKET,
+    DEFAULT_NAMESPACE,
+    DEFAULT_NAMESPACE_LIMIT,
+    DEFAULT_NAMESPACE_THREADS,
+    PIPE_DIR_MODE,
+    memory_arg,
+)
 from dra_driver.enforce.nvmlcontrol import NvmlError, NvmlFacade
 from dra_driver.enforce.removal import terminate_clients
 from dra_driver.enforce.rows import NamespaceRow, ServerRow
 from dra_driver.enforce.targets import FractionTarget, MpsOptions, gpus_text, namespace_drift
 from dra_driver.gpus import Gpu
-from dra_driver.infra.atomicfile import ensure_dir
+from dra_driver.infra.atomicfile import ensure_dir, owner_only, private_dir
 
 log = structlog.get_logger(__name__)
 
@@ -118,6 +125,7 @@ class MpsObjects:
             self.modes.set(gpu, self.options.compute_mode_for(daemon.mode))
         ctl.server_create(name, [g.uuid for g in gpus])
         self.verify_server(daemon, name, gpus)
+        close_server(daemon, name)
         log.info(
             "MPS server created",
             mps_server=name,
@@ -250,6 +258,26 @@ class MpsObjects:
             drift=drift,
         )
         return self.set_limits(ctl, t)
+
+
+def close_server(daemon: MpsDaemon, name: str) -> None:
+    """Close the side doors of a new server: its ``default`` namespace, which no claim uses,
+    gets the smallest limits (:data:`DEFAULT_NAMESPACE_LIMIT`, :data:`DEFAULT_NAMESPACE_THREADS`:
+    a process that reaches it can hold nothing worth having; KAI caps it at 10% for the same
+    reason), and the server's directory becomes traversable but not listable with its own
+    sockets root-only (clients attach through their namespace's socket below it,
+    ``<server>/<namespace>/control``; NVIDIA MPS docs, "MPS v3 Namespaces").
+
+    Raises:
+        MpsError: ``server set`` failed.
+        OSError: the directory's or a socket's mode cannot be set.
+    """
+    daemon.control.server_set(name, DEFAULT_NAMESPACE_LIMIT, DEFAULT_NAMESPACE_THREADS)
+    where = daemon.pipe_dir / name
+    if where.is_dir():
+        private_dir(where, PIPE_DIR_MODE)
+    for socket in (where / CONTROL_SOCKET, where / DEFAULT_NAMESPACE / CONTROL_SOCKET):
+        owner_only(socket)
 
 
 def server_ok(row: ServerRow, gpus: Sequence[Gpu]) -> bool:

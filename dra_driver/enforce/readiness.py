@@ -209,7 +209,7 @@ def read_state(path: Path) -> ServiceState:
 def write_state(path: Path, state: ServiceState) -> None:
     """Write ``state`` atomically (readable by every user: it holds no secret)."""
     body = json.dumps(state.to_json(), indent=1, sort_keys=True).encode()
-    write_atomic(path, body, 0o644, durable=False)
+    write_atomic(path, body, 0o600, durable=False)
 
 
 __all__ = [

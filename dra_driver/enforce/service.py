@@ -38,7 +38,8 @@ from typing import IO, Any
 
 import structlog
 
-from dra_driver.enforce.daemon import MpsDaemon, config_toml
+from dra_driver.enforce.daemon import MpsDaemon
+from dra_driver.enforce.names import CONTROL_SOCKET, PIPE_DIR_MODE
 from dra_driver.enforce.readiness import (
     DaemonState,
     ServiceState,
@@ -47,7 +48,7 @@ from dra_driver.enforce.readiness import (
     write_state,
 )
 from dra_driver.enforce.tiers import probe_mps
-from dra_driver.infra.atomicfile import ensure_dir, write_atomic
+from dra_driver.infra.atomicfile import owner_only, private_dir
 from dra_driver.infra.runner import Runner, SubprocessRunner
 from dra_driver.model.vocabulary import COMPUTE_MODES
 
@@ -176,7 +177,7 @@ class MpsService:
 
     def run(self, stop: threading.Event) -> None:
         """Probe MPS, start the daemons, supervise them until ``stop`` is set, then stop them."""
-        ensure_dir(self.opts.mps_root, 0o755)
+        private_dir(self.opts.mps_root, PIPE_DIR_MODE)
         self.protocol = probe_mps(self.runner, self.opts.binary)
         if self.protocol != "v3":
             log.error(
@@ -234,11 +235,7 @@ class MpsService:
 
     def _start(self, child: _Child) -> None:
         daemon = child.daemon
-        ensure_dir(daemon.pipe_dir, 0o755)  # tenants of any UID reach their namespace below it
-        ensure_dir(daemon.log_dir, 0o755)
-        write_atomic(daemon.config_file, config_toml(daemon.mode).encode(), 0o644, durable=False)
-        for stale in ("control", "nvidia-cuda-mps-control.pid"):
-            (daemon.pipe_dir / stale).unlink(missing_ok=True)
+        daemon.prepare_start()
         env = {**os.environ, **daemon.control.env, **self.opts.env}
         argv = [self.opts.binary, "-p", "3", "-m", "-f", "-a", str(daemon.config_file)]
         try:
@@ -261,6 +258,7 @@ class MpsService:
             child.proc = proc
             self._lost(child)
             return
+        owner_only(daemon.pipe_dir / CONTROL_SOCKET)  # root (the plugin) only: no side door
         self.generation += 1
         child.proc = proc
         child.state = DaemonState(

@@ -138,6 +138,9 @@ class FractionTarget:
         threads: active thread percentage set on the namespace.
         claim_gpus: every GPU of a multi-GPU MPS claim (its own server's allowed devices,
             by index); empty for a claim on one GPU (served by the GPU's shared server).
+        max_consumers: containers that may use the claim at once (the smallest
+            ``maxConsumers`` of its devices); each gets 1/max_consumers of the request and
+            the ceiling (:attr:`consumer_request_mib`, :attr:`consumer_limit_mib`).
     """
 
     claim: ClaimRef
@@ -149,6 +152,19 @@ class FractionTarget:
     limit_bytes: int
     threads: int
     claim_gpus: tuple[Gpu, ...] = ()
+    max_consumers: int = 1
+
+    @property
+    def consumer_limit_mib(self) -> int:
+        """What one consumer (container) of the claim may hold on this GPU, whole MiB: the
+        ceiling divided among :attr:`max_consumers`, rounded down, so that all of them together
+        stay within the claim's ceiling."""
+        return mib(self.limit_bytes) // self.max_consumers
+
+    @property
+    def consumer_request_mib(self) -> int:
+        """One consumer's share of the guarantee (soft limit), whole MiB, rounded down."""
+        return mib(self.request_bytes) // self.max_consumers
 
     @property
     def log_fields(self) -> dict[str, str]:
@@ -210,6 +226,7 @@ def targets_for_claim(
     """
     ref = plan.claim
     who = f"claim {ref.namespace}/{ref.name}"
+    consumers = min((d.max_consumers for d in plan.devices if not d.admin_access), default=1)
     groups: dict[str, list[int]] = {}
     for i, d in enumerate(plan.devices):
         if not d.admin_access:  # monitoring access: no namespace, nothing to enforce
@@ -253,6 +270,11 @@ def targets_for_claim(
             raise MpsError(f"{where}: sm-sharing needs MPS, and this GPU has no usable MPS")
         if tier != Tier.NONE and limit < MIB:
             raise MpsError(f"{where}: memory limit {limit} bytes is below 1 MiB")
+        if tier != Tier.NONE and mib(limit) < consumers:
+            raise MpsError(
+                f"{where}: memory limit {mib(limit)} MiB cannot be divided among maxConsumers "
+                f"{consumers} (at least 1 MiB each); lower maxConsumers"
+            )
         targets.append(
             FractionTarget(
                 claim=ref,
@@ -263,6 +285,7 @@ def targets_for_claim(
                 request_bytes=request,
                 limit_bytes=limit,
                 threads=threads,
+                max_consumers=consumers,
             )
         )
     return _join_gpus(who, targets)

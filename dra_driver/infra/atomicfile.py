@@ -34,6 +34,34 @@ def ensure_dir(path: str | Path, mode: int) -> Path:
     return target
 
 
+def private_dir(path: str | Path, mode: int = 0o700) -> Path:
+    """:func:`ensure_dir`, and an existing directory set to exactly ``mode`` too (a hostPath
+    the kubelet made with 0755 before the plugin started, a directory of an older version).
+    Returns ``path``.
+
+    Raises:
+        OSError: when the directory cannot be created or its mode set.
+    """
+    target = ensure_dir(path, mode)
+    if target.stat().st_mode & 0o7777 != mode:
+        os.chmod(target, mode)
+    return target
+
+
+def owner_only(path: str | Path) -> bool:
+    """Make ``path`` (a file or a unix socket) readable, writable and connectable by its owner
+    only (0600); returns False when it does not exist.
+
+    Raises:
+        OSError: when it exists and its mode cannot be set.
+    """
+    try:
+        os.chmod(path, 0o600)
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def write_atomic(
     path: str | Path,
     data: bytes,

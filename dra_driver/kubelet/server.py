@@ -32,7 +32,7 @@ from dra_driver._proto import (
     health_v1alpha1_pb2_grpc,
     registration_pb2_grpc,
 )
-from dra_driver.infra.atomicfile import ensure_dir
+from dra_driver.infra.atomicfile import ensure_dir, private_dir
 from dra_driver.kubelet.decoding import DecodeInHandler
 from dra_driver.kubelet.dra import v1_servicer, v1beta1_servicer
 from dra_driver.kubelet.healthstream import MAX_HEALTH_STREAMS, HealthServicer, StreamSlots
@@ -135,6 +135,7 @@ class PluginServer:
 
     def start(self) -> None:
         """Listen on both sockets (stale socket files are replaced)."""
+        private_dir(self.paths.dra.parent)  # ours alone: 0700 even if the kubelet made it
         _listen(self._dra, self.paths.dra)
         self._dra.start()
         self._start_registration()

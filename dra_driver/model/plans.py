@@ -41,6 +41,9 @@ class DevicePlan:
             default).
         admin_access: the request has ``adminAccess: true`` (monitoring access to the GPU:
             no MPS namespace, no memory; the scheduler does not count it either).
+        max_consumers: how many containers may use the claim at once (``maxConsumers``,
+            1..32); the ceiling and the request are divided among them (see
+            ``docs/user-guide.md``, "Sharing a claim").
     """
 
     request_names: tuple[str, ...]
@@ -53,6 +56,7 @@ class DevicePlan:
     memory_limit_bytes: int
     active_thread_percentage: int | None
     admin_access: bool = False
+    max_consumers: int = 1
 
     @property
     def key(self) -> str:
@@ -70,11 +74,14 @@ class ClaimPlan:
 
 def plan_to_json(plan: ClaimPlan) -> dict[str, Any]:
     """Serialize a plan for the checkpoint (plain JSON types). ``admin_access`` is written only
-    when true: records of ordinary claims keep the released v1 shape."""
+    when true and ``max_consumers`` only above 1: records of ordinary claims keep the released
+    v1 shape."""
     doc = asdict(plan)
     for device in doc["devices"]:
         if not device["admin_access"]:
             del device["admin_access"]
+        if device["max_consumers"] == 1:
+            del device["max_consumers"]
     return doc
 
 

@@ -12,6 +12,8 @@ is enforced. Each entry::
               "computeMode": ComputeMode value (time-slicing or sm-sharing),
               "activeThreadPercentage"?: int (1-100, sm-sharing only),
               "enforcement": "hard" | "cooperative" | "none",
+              "consumers"?: {"max": int, "each": {"request": quantity, "limit": quantity},
+                             "running": [str]},
               "shareID"?: str},
      "conditions": [{"type": "FractionEnforced", "status": "True" | "False",
                      "reason": str, "message": str, "lastTransitionTime": RFC 3339}]}
@@ -31,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from dra_driver.model.gpu import MIB
 from dra_driver.model.plans import ClaimPlan, DevicePlan
 from dra_driver.model.quantities import canonical_quantity
 from dra_driver.model.vocabulary import ComputeMode, Tier
@@ -40,7 +43,11 @@ CONDITION_TYPE = "FractionEnforced"
 
 ROOT_CONDITION_TYPE = "NonRootClients"
 """The condition an MPS device's entry gets, False, once a container of the claim runs as root
-(:mod:`dra_driver.observe.rootclients`)."""
+(:mod:`dra_driver.observe.consumers`)."""
+
+MAX_LISTED_CONSUMERS = 32
+"""Most running consumers listed in one entry's ``data.consumers.running`` (each at most 317
+characters: ``<namespace>/<pod>/<container>``; the entry stays within the API's 10 KiB)."""
 
 
 class Enforcement(NamedTuple):
@@ -127,6 +134,22 @@ def root_condition(plan: DevicePlan, now: str) -> dict[str, Any]:
     }
 
 
+def consumers_data(plan: DevicePlan, running: Sequence[str]) -> dict[str, Any]:
+    """The ``data.consumers`` of an MPS device: how many containers may use the claim at once
+    (``maxConsumers``), what each may hold of this device (its request and ceiling divided
+    among them, whole MiB) and who runs now (``<namespace>/<pod>/<container>``, sorted, at most
+    :data:`MAX_LISTED_CONSUMERS`)."""
+    n = plan.max_consumers
+    return {
+        "max": n,
+        "each": {
+            "request": canonical_quantity(plan.memory_request_bytes // MIB // n * MIB),
+            "limit": canonical_quantity(plan.memory_limit_bytes // MIB // n * MIB),
+        },
+        "running": sorted(running)[:MAX_LISTED_CONSUMERS],
+    }
+
+
 def device_status(
     plan: DevicePlan,
     driver: str,
@@ -134,6 +157,7 @@ def device_status(
     now: str,
     default_percentage: int,
     runs_as_root: bool = False,
+    consumers: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The ``status.devices[]`` entry of one planned device (API JSON, camelCase).
 
@@ -145,6 +169,8 @@ def device_status(
         default_percentage: active thread percentage of sm-sharing claims that set none.
         runs_as_root: a container of the claim runs as root; an MPS device (tier hard or
             cooperative) then also gets :func:`root_condition`.
+        consumers: the claim's running consumers (``<namespace>/<pod>/<container>``); an MPS
+            device lists them in :func:`consumers_data`.
     """
     if plan.admin_access:
         return _admin_status(plan, driver, now)
@@ -163,6 +189,8 @@ def device_status(
     }
     if percentage is not None:
         data["activeThreadPercentage"] = percentage
+    if tier != Tier.NONE:
+        data["consumers"] = consumers_data(plan, consumers)
     entry: dict[str, Any] = {"driver": driver, "pool": plan.pool, "device": plan.device}
     if plan.share_id:
         entry["shareID"] = plan.share_id
@@ -214,10 +242,11 @@ def device_entries(
     now: str,
     default_percentage: int = 100,
     runs_as_root: bool = False,
+    consumers: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """One :func:`device_status` entry per planned device. ``enforcement``: by GPU UUID
-    (missing: :data:`NOT_ENFORCED`); ``default_percentage``, ``runs_as_root``: see
-    :func:`device_status`."""
+    (missing: :data:`NOT_ENFORCED`); ``default_percentage``, ``runs_as_root``, ``consumers``:
+    see :func:`device_status`."""
     return [
         device_status(
             d,
@@ -226,6 +255,7 @@ def device_entries(
             now,
             default_percentage,
             runs_as_root,
+            consumers,
         )
         for d in plan.devices
     ]

@@ -50,6 +50,7 @@ from dra_driver.observe.claimstatus import (
     device_entries,
     with_entries,
 )
+from dra_driver.observe.consumers import ClaimConsumers
 
 log = structlog.get_logger(__name__)
 
@@ -223,6 +224,7 @@ class ClaimStatusWriter:
         self.default_percentage = default_percentage
         self._queue: queue.Queue[ClaimPlan] = queue.Queue()
         self._root: set[str] = set()
+        self._consumers: dict[str, tuple[str, ...]] = {}
 
     @classmethod
     def of(
@@ -246,10 +248,14 @@ class ClaimStatusWriter:
         """Queue ``plan``'s claim for a status write (returns at once)."""
         self._queue.put(plan)
 
-    def flag_root(self, plan: ClaimPlan, containers: list[str]) -> None:
-        """A container of ``plan``'s claim runs as root (:mod:`dra_driver.observe.rootclients`):
-        write its status again with the ``NonRootClients=False`` condition (returns at once)."""
-        self._root.add(plan.claim.uid)
+    def observe(self, plan: ClaimPlan, consumers: ClaimConsumers) -> None:
+        """``plan``'s claim has other running consumers, or a container that runs as root
+        (:mod:`dra_driver.observe.consumers`): write its status again, listing them and, for a
+        root container, with the ``NonRootClients=False`` condition (returns at once)."""
+        uid = plan.claim.uid
+        if consumers.root:
+            self._root.add(uid)
+        self._consumers[uid] = tuple(c.who or c.container_id for c in consumers.running)
         self._queue.put(plan)
 
     def run(self, stop: threading.Event) -> None:
@@ -325,6 +331,7 @@ class ClaimStatusWriter:
             self.now(),
             self.default_percentage,
             runs_as_root=ref.uid in self._root,
+            consumers=self._consumers.get(ref.uid, ()),
         )
         if already_written(claim, entries):
             return "unchanged"

@@ -82,7 +82,7 @@ class CdiSpecs:
             ids[d.key] = cdi.qualified_name(self.vendor, name)
         spec = cdi.build_spec(self.vendor, devices)
         body = json.dumps(spec, indent=2, sort_keys=True).encode()
-        write_atomic(self.path(plan.claim.uid), body, durable=False)
+        write_atomic(self.path(plan.claim.uid), body, 0o600, durable=False)
         return ids
 
     def device_ids(self, claim_uid: str) -> frozenset[str] | None:

@@ -174,6 +174,7 @@ def _device_plan_v1(doc: Mapping[str, Any], where: str) -> DevicePlan:
         memory_limit_bytes=_value(doc, "memory_limit_bytes", int, where),
         active_thread_percentage=_value(doc, "active_thread_percentage", int, where, None),
         admin_access=_value(doc, "admin_access", bool, where, False),
+        max_consumers=_value(doc, "max_consumers", int, where, 1),
     )
 
 

@@ -190,6 +190,7 @@ def _plan_device(
         memory_request_bytes=request,
         memory_limit_bytes=limit,
         active_thread_percentage=threads,
+        max_consumers=params.max_consumers or 1,
     )
 
 

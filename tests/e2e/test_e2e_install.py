@@ -556,6 +556,12 @@ def test_parameter_edge_cases(admin: Any, test_ns: str, installed: Any) -> None:
     # Other drivers' parameters are not ours to judge.
     admitted(claim(f"other-{n}", {"anything": True}, driver="other.example.com"))
     refused(claim(f"str-{n}", {**PARAMS, "activeThreadPercentage": "30"}), "integer from 1 to 100")
+    admitted(claim(f"shared-{n}", {**PARAMS, "maxConsumers": 3}))
+    for bad in (0, 33, "2"):
+        refused(
+            claim(f"consumers-{n}-{str(bad).lower()}", {**PARAMS, "maxConsumers": bad}),
+            f"maxConsumers {bad} must be an integer from 1 to 32",
+        )
     # Limits against capacity requests, including firstAvailable subrequests.
     sub = [
         {

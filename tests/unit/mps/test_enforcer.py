@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,9 @@ from dra_driver.model import cdi
 from dra_driver.model.cdi import Hook, Mount
 from tests.support.cdischema import validator
 from tests.support.fakes.plans import GIB, Node, device, plan
+
+MIB = 1 << 20
+READ_ONLY = ("rbind", "ro", "nosuid", "nodev", "noexec")
 
 UID_A = "0a000000-0000-4000-8000-00000000000a"
 UID_B = "0b000000-0000-4000-8000-00000000000b"
@@ -28,8 +32,11 @@ def ns(uid: str) -> str:
 def namespaces(
     node: Node, mode: str, server: str = "gpu_0"
 ) -> dict[str, tuple[int | None, int | None]]:
+    """The limits of the claims' namespaces on ``server`` (its ``default`` namespace aside:
+    :func:`test_a_new_server_has_its_side_doors_closed`)."""
     d = node.mps.daemon(node.pipe(mode))
-    return {n.name: (n.pinned, n.threads) for n in d.servers[server].namespaces.values()}
+    spaces = d.servers[server].namespaces.values()
+    return {n.name: (n.pinned, n.threads) for n in spaces if n.name != "default"}
 
 
 # --- hard tier ----------------------------------------------------------------------------
@@ -48,6 +55,7 @@ def test_hard_time_slicing_commands_and_edits(tmp_path: Path) -> None:
         f"server list {CSV}",
         f"server create gpu_0 --uid=0 --allowed-devices={g.uuid}",
         f"server list {CSV}",
+        "server set gpu_0 --pinned-memory-limit=1M --active-thread-percentage=1",
         f"namespace list --server=gpu_0 {CSV}",
         f"namespace create {ns(UID_A)} --server=gpu_0",
         f"namespace set {ns(UID_A)} --server=gpu_0 --pinned-memory-limit=30720M "
@@ -66,7 +74,7 @@ def test_hard_time_slicing_commands_and_edits(tmp_path: Path) -> None:
         "NVIDIA_GPU_MEMORY_REQUEST=20480",
         "NVIDIA_GPU_MEMORY_LIMIT=30720",
     )
-    assert e.mounts == (Mount(str(pipe / "gpu_0" / ns(UID_A)), "/tmp/nvidia-mps"),)
+    assert e.mounts == (Mount(str(pipe / "gpu_0" / ns(UID_A)), "/tmp/nvidia-mps", READ_ONLY),)
     assert e.hooks[0] == Hook(
         "createRuntime",
         "/usr/bin/nvidia-cdi-hook",
@@ -117,6 +125,21 @@ def test_cdi_spec_with_hooks_is_valid(tmp_path: Path) -> None:
     assert [h["hookName"] for h in hooks] == ["createRuntime"] * 3  # limits, cgroup, user
 
 
+def test_a_new_server_has_its_side_doors_closed(tmp_path: Path) -> None:
+    """Issue: a process that reached ``gpu_N/control`` attached to the server's default
+    namespace with no limits; the server directory was listable and its socket 0666."""
+    node = Node(tmp_path)
+    node.enforcer.apply(plan(device(node.gpus[0], 20 * GIB, 30 * GIB), uid=UID_A))
+    d = node.mps.daemon(node.pipe("time-slicing"))
+    default = d.servers["gpu_0"].namespaces["default"]
+    assert (default.pinned, default.threads) == (1 << 20, 1)
+    pipe = node.pipe("time-slicing")
+    assert pipe.stat().st_mode & 0o777 == 0o711
+    server_dir = pipe / "gpu_0"
+    if server_dir.is_dir():  # the in-process fake makes no server sockets
+        assert server_dir.stat().st_mode & 0o777 == 0o711
+
+
 # --- cooperative and none -----------------------------------------------------------------
 
 
@@ -125,8 +148,8 @@ def test_cooperative_has_namespace_limit_but_no_memory_hook(tmp_path: Path) -> N
     with capture_logs() as logs:
         edits = node.enforcer.apply(plan(device(node.gpus[0], 6 * GIB, 12 * GIB), uid=UID_A))
     e = edits["gpu-0-quarter-0"]
-    (user,) = e.hooks  # only the user record hook: no driver-enforced limits to apply
-    assert user.args[-2:] == ("gpu-fraction-user", str(tmp_path / "run/users" / UID_A))
+    (gate,) = e.hooks  # only the consumer gate: no driver-enforced limits to apply
+    assert gate.args[3:6] == ("gpu-fraction-consumer", str(tmp_path / "run/users" / UID_A), "1")
     assert not any(v.startswith("NVIDIA_GPU_MEMORY_") for v in e.env)
     assert "GPU_FRACTION_MEMORY_ENFORCEMENT=cooperative" in e.env
     assert e.mounts[0].container_path == "/tmp/nvidia-mps"
@@ -398,7 +421,29 @@ def test_plan_targets_and_edits_are_pure() -> None:
     )
     assert "NVIDIA_GPU_MEMORY_REQUEST=3072" in e.env and "NVIDIA_GPU_MEMORY_LIMIT=7168" in e.env
     assert len(e.hooks) == 2 and e.hooks[0].args[3] == "/run/nvidia/driver"
-    assert e.hooks[1].args[-2] == "gpu-fraction-user"
+    assert e.hooks[1].args[3] == "gpu-fraction-consumer"
+
+
+def test_max_consumers_divide_the_per_container_limits() -> None:
+    from tests.support.fakes.plans import gpu
+
+    g = gpu(3)
+    d = replace(device(g, 3 * GIB, 7 * GIB, name="gpu-3-half-0"), max_consumers=3)
+    (t,) = targets_for_claim(plan(d, uid=UID_A), {g.uuid: "hard"})
+    e = target_edits(t, "/x/pipe/gpu_3/ns", MpsOptions(record_cgroups=False))
+    assert "NVIDIA_GPU_MEMORY_REQUEST=1024" in e.env and "NVIDIA_GPU_MEMORY_LIMIT=2389" in e.env
+    gate = e.hooks[-1]
+    assert gate.args[3:6] == ("gpu-fraction-consumer", "/run/gpu-fraction/users/" + UID_A, "3")
+    assert "each may hold 2389 MiB of its 7168 MiB ceiling on GPU 3" in gate.args[-1]
+
+
+def test_a_ceiling_too_small_to_divide_is_refused() -> None:
+    from tests.support.fakes.plans import gpu
+
+    g = gpu(0)
+    d = replace(device(g, 0, 2 * MIB, name="gpu-0-eighth-0"), max_consumers=3)
+    with pytest.raises(MpsError, match="cannot be divided among maxConsumers 3"):
+        targets_for_claim(plan(d, uid=UID_A), {g.uuid: "hard"})
 
 
 # --- supervision, crash recovery, restore -------------------------------------------------

@@ -10,6 +10,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from dra_driver.enforce import MpsError
+from dra_driver.enforce.edits import PIPE_MOUNT_OPTIONS
 from dra_driver.enforce.names import claim_uid_of_server, dedicated_server_name
 from dra_driver.enforce.nvmlcontrol import MpsProcess
 from dra_driver.model.cdi import Hook, Mount
@@ -44,8 +45,11 @@ def servers(node: Node, mode: str) -> dict[str, tuple[str, ...]]:
 
 
 def limits(node: Node, mode: str, server: str) -> dict[str, tuple[int | None, int | None]]:
+    """The limits of the claims' namespaces on ``server`` (its ``default`` namespace aside:
+    :func:`test_a_new_server_has_its_side_doors_closed`)."""
     d = node.mps.daemon(node.pipe(mode))
-    return {n.name: (n.pinned, n.threads) for n in d.servers[server].namespaces.values()}
+    spaces = d.servers[server].namespaces.values()
+    return {n.name: (n.pinned, n.threads) for n in spaces if n.name != "default"}
 
 
 def test_names_of_claim_servers() -> None:
@@ -69,6 +73,7 @@ def test_four_gpu_sm_sharing_claim_gets_its_own_server(tmp_path: Path) -> None:
         f"server list {CSV}",
         f"server create {SRV_A} --uid=0 --allowed-devices={uuids}",
         f"server list {CSV}",
+        f"server set {SRV_A} --pinned-memory-limit=1M --active-thread-percentage=1",
         f"namespace list --server={SRV_A} {CSV}",
         f"namespace create {CLAIM_NS} --server={SRV_A}",
         f"namespace set {CLAIM_NS} --server={SRV_A} --pinned-memory-limit=40960M "
@@ -91,7 +96,7 @@ def test_four_gpu_sm_sharing_claim_gets_its_own_server(tmp_path: Path) -> None:
             "NVIDIA_GPU_MEMORY_REQUEST=40960",
             "NVIDIA_GPU_MEMORY_LIMIT=40960",
         )
-        assert e.mounts == (Mount(str(pipe), "/tmp/nvidia-mps"),)
+        assert e.mounts == (Mount(str(pipe), "/tmp/nvidia-mps", PIPE_MOUNT_OPTIONS),)
         # one memory-limit hook per GPU: each device carries its own GPU's --gpu-id
         assert e.hooks[0] == Hook(
             "createRuntime",
@@ -123,6 +128,7 @@ def test_two_gpu_time_slicing_half_cards(tmp_path: Path) -> None:
         f"server list {CSV}",
         f"server create {SRV_A} --uid=0 --allowed-devices={g0.uuid},{g1.uuid}",
         f"server list {CSV}",
+        f"server set {SRV_A} --pinned-memory-limit=1M --active-thread-percentage=1",
         f"namespace list --server={SRV_A} {CSV}",
         f"namespace create {CLAIM_NS} --server={SRV_A}",
         f"namespace set {CLAIM_NS} --server={SRV_A} --pinned-memory-limit={half_mib}M "
@@ -338,8 +344,8 @@ def test_cooperative_multi_gpu_claim_may_differ_in_request(tmp_path: Path) -> No
     p = plan(device(g0, 10 * GIB, 40 * GIB), device(g1, 20 * GIB, 40 * GIB, name="b"), uid=UID_A)
     edits = node.enforcer.apply(p)
     assert limits(node, "time-slicing", SRV_A) == {CLAIM_NS: (40 * GIB, 100)}
-    # no memory-limit hook on cooperative GPUs: only the user record hook
-    assert all([h.args[-2] for h in e.hooks] == ["gpu-fraction-user"] for e in edits.values())
+    # no memory-limit hook on cooperative GPUs: only the consumer gate
+    assert all([h.args[3] for h in e.hooks] == ["gpu-fraction-consumer"] for e in edits.values())
 
 
 def test_claim_without_mps_still_spans_gpus(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from dra_driver.enforce import MpsError, RecordingEnforcer
+from dra_driver.enforce.edits import PIPE_MOUNT_OPTIONS
 from dra_driver.model.cdi import Mount
 from dra_driver.model.plans import ClaimPlan
 from tests.support.fakes.plans import GIB, H200_MIB, Node, device, plan
@@ -78,7 +79,11 @@ def test_default_shape_on_a_simulated_node() -> None:
     )
     server = "m_" + UID_A.replace("-", "_")
     pipe = f"/run/gpu-fraction/mps/time-slicing/pipe/{server}/claim"
-    assert edits["a"].mounts == edits["b"].mounts == (Mount(pipe, "/tmp/nvidia-mps"),)
+    assert (
+        edits["a"].mounts
+        == edits["b"].mounts
+        == (Mount(pipe, "/tmp/nvidia-mps", PIPE_MOUNT_OPTIONS),)
+    )
     assert edits["a"].hooks[0].args[-1] == g0.uuid
     assert edits["b"].hooks[0].args[-1] == g1.uuid
     assert edits["a"].hooks[1].args[-1] == f"/run/gpu-fraction/cgroups/{UID_A}"

@@ -41,6 +41,10 @@ c.opaque.parameters.all(k, k in variables.knownFields)
 !has(c.opaque.parameters.activeThreadPercentage) || (type(c.opaque.parameters.activeThreadPercentage) == int && c.opaque.parameters.activeThreadPercentage >= 1 && c.opaque.parameters.activeThreadPercentage <= 100)
 {{- end -}}
 
+{{- define "gfd.cel.consumers" -}}
+!has(c.opaque.parameters.maxConsumers) || (type(c.opaque.parameters.maxConsumers) == int && c.opaque.parameters.maxConsumers >= 1 && c.opaque.parameters.maxConsumers <= 32)
+{{- end -}}
+
 {{- define "gfd.cel.percentageMode" -}}
 !has(c.opaque.parameters.activeThreadPercentage) || c.opaque.parameters.?computeMode.orValue("") != "time-slicing"
 {{- end -}}

@@ -1,0 +1,128 @@
+"""End to end, one claim shared by pods: all its consumers together hold at most its ceiling.
+
+A ResourceClaim referenced (``resourceClaimName``) by several pods is prepared once per node,
+and every container that lists it gets its CDI devices. The consumer gate (a createRuntime
+hook in the claim's CDI spec) admits at most ``maxConsumers`` running containers (default 1)
+and the ``hard`` tier's per-container limit is the ceiling divided among them; the claim's
+status lists who runs. Seen on the real node: a refused container's start fails with the
+gate's message in the pod's events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.register_assert_rewrite("plugin_fixtures")
+from plugin_fixtures import DRIVER, E2E, wait_for  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+pytest_plugins = ["plugin_fixtures"]
+
+PODS = ("share-a", "share-b", "share-c")
+CONTAINERS = ("one", "two")
+ON_GPU = 'device.attributes["gpu-fraction.dra.dev"].index == {}'
+
+
+def our_entries(claim: dict[str, Any]) -> list[dict[str, Any]]:
+    return [e for e in (claim.get("status") or {}).get("devices") or [] if e["driver"] == DRIVER]
+
+
+def shared_pods(e2e: E2E, claim: str) -> None:
+    """3 pods with 2 containers each, every container using ``claim``, as UID 1000."""
+    for pod in PODS:
+        spec = {
+            "containers": [
+                {"name": c, "resources": {"claims": [{"name": "gpu"}]}} for c in CONTAINERS
+            ],
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000},
+        }
+        e2e.create_pod(pod, spec)
+
+
+def container_states(e2e: E2E) -> dict[str, dict[str, Any]]:
+    """``<pod>/<container>`` -> its state, for every container of :data:`PODS` that has one."""
+    out = {}
+    for pod in PODS:
+        for s in e2e.read_pod(pod)["status"].get("containerStatuses") or []:
+            out[f"{pod}/{s['name']}"] = s.get("state") or {}
+    return out
+
+
+def refusals(e2e: E2E, text: str) -> set[str]:
+    """The pods with a Warning event whose message carries ``text``."""
+    return {
+        pod
+        for pod in PODS
+        if any(text in str(ev.get("message")) for ev in e2e.events(pod) if ev["type"] == "Warning")
+    }
+
+
+def status_consumers(e2e: E2E) -> dict[str, Any]:
+    (entry,) = our_entries(e2e.claim_of(PODS[0]))
+    consumers: dict[str, Any] = entry["data"]["consumers"]
+    return consumers
+
+
+def test_one_claim_shared_by_six_containers_holds_one_fraction(e2e: E2E) -> None:
+    """The review's attack: one gpu-eighth claim, 3 pods x 2 containers. Before: all 6 ran,
+    each with the eighth's whole ceiling. Now: one runs; the other five are refused."""
+    e2e.claim("shared", "gpu-eighth")
+    shared_pods(e2e, "shared")
+    text = "allows 1 at once"
+    wait_for(
+        "every pod told why its containers cannot share the claim",
+        lambda: refusals(e2e, text) | {p for p in PODS if _runs_one(e2e, p)} == set(PODS),
+        timeout=120,
+    )
+    running = [k for k, s in container_states(e2e).items() if "running" in s]
+    assert len(running) == 1, container_states(e2e)
+    pod = running[0].split("/")[0]
+    view = e2e.view(pod, running[0].split("/")[1])
+    eighth_mib = int(view.env["NVIDIA_GPU_MEMORY_LIMIT"])
+    message = next(
+        str(ev["message"])
+        for p in PODS
+        for ev in e2e.events(p)
+        if ev["type"] == "Warning" and text in str(ev.get("message"))
+    )
+    print("ATTACK | shared eighth, 6 containers | refused:", message[-400:])
+    assert f"claim {e2e.namespace}/shared already has 1 running consumer(s)" in message
+    assert f"each may hold {eighth_mib} MiB of its {eighth_mib} MiB ceiling" in message
+    assert "maxConsumers" in message
+    consumers = wait_for(
+        "the claim's status lists its one consumer",
+        lambda: c if len((c := status_consumers(e2e))["running"]) == 1 else None,
+    )
+    assert consumers["max"] == 1
+    assert consumers["running"] == [f"{e2e.namespace}/{running[0]}"]
+
+
+def _runs_one(e2e: E2E, pod: str) -> bool:
+    states = e2e.read_pod(pod)["status"].get("containerStatuses") or []
+    return any("running" in (s.get("state") or {}) for s in states)
+
+
+def test_max_consumers_divides_the_ceiling_among_the_containers(e2e: E2E) -> None:
+    e2e.claim("shared6", "gpu-eighth", parameters={"maxConsumers": 6})
+    shared_pods(e2e, "shared6")
+    for pod in PODS:
+        e2e.wait_running(pod, timeout=90)
+    limits = []
+    for pod in PODS:
+        for c in CONTAINERS:
+            view = e2e.view(pod, c)
+            limits.append(int(view.env["NVIDIA_GPU_MEMORY_LIMIT"]))
+            assert int(view.env["NVIDIA_GPU_MEMORY_REQUEST"]) <= limits[-1]
+    (entry,) = our_entries(e2e.claim_of(PODS[0]))
+    ceiling_mib = entry["data"]["memory"]["limitBytes"] // 2**20
+    assert limits == [ceiling_mib // 6] * 6
+    assert sum(limits) <= ceiling_mib
+    consumers = wait_for(
+        "the claim's status lists its six consumers",
+        lambda: c if len((c := status_consumers(e2e))["running"]) == 6 else None,
+    )
+    assert consumers["max"] == 6
+    assert consumers["each"]["limit"] == f"{ceiling_mib // 6}Mi"
+    print(f"SHARED | maxConsumers 6 | each {ceiling_mib // 6} MiB of {ceiling_mib} MiB")
