@@ -33,7 +33,10 @@ def namespace_pipe_dir(target: FractionTarget, options: MpsOptions) -> str:
 
 
 def target_edits(
-    target: FractionTarget, pipe_dir: str | None, options: MpsOptions
+    target: FractionTarget,
+    pipe_dir: str | None,
+    options: MpsOptions,
+    device_key: str | None = None,
 ) -> ContainerEdits:
     """Pure: the CDI edits of one device of ``target`` (env, the pipe mount, hooks: on every
     MPS tier the consumer gate, on ``hard`` also the memory-limit and cgroup record hooks).
@@ -51,6 +54,10 @@ def target_edits(
         target: the claim's target on the device's GPU.
         pipe_dir: host path of the claim's namespace pipe directory (None for tier none).
         options: hook paths and the record directory.
+        device_key: the device these edits are for (``DevicePlan.key``); the consumer gate
+            counts the containers that get this device (``users/<claim-uid>/<key>``), so that
+            containers that each get their own request of one claim (extended resources:
+            one request per container) are not counted against each other. None: the claim.
     """
     env = [
         f"GPU_FRACTION_COMPUTE_MODE={target.mode}",
@@ -63,8 +70,9 @@ def target_edits(
         head.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={target.threads}")
     env = head + env
     mounts = (Mount(pipe_dir, CONTAINER_PIPE_DIR, PIPE_MOUNT_OPTIONS),)
+    records = options.user_record_root / target.claim.uid
     gate = consumer_gate_hook(
-        str(options.user_record_root / target.claim.uid),
+        str(records / device_key if device_key else records),
         target.max_consumers,
         f"{target.claim.namespace}/{target.claim.name}",
         consumers_advice(target),
@@ -112,7 +120,6 @@ def claim_edits(
         pipe: str | None = None
         if t.uses_mps:
             pipe = namespace_pipe_dir(t, options) if pipes is None else pipes.get(t.gpu.uuid)
-        edits = target_edits(t, pipe, options)
         for key in t.device_keys:
-            out[key] = edits
+            out[key] = target_edits(t, pipe, options, key)
     return out

@@ -3,7 +3,7 @@
 Prepare cannot see containers. The consumer gate
 (:func:`dra_driver.enforce.hooks.consumer_gate_hook`) that every MPS device's CDI spec carries
 admits at most ``maxConsumers`` running containers of a claim and writes, for each one it
-admits, ``<root>/users/<claim-uid>/<container-id>``: ``<uid> <pid> <start-ticks>
+admits, ``<root>/users/<claim-uid>/<device-key>/<container-id>``: ``<uid> <pid> <start-ticks>
 <namespace>/<pod>/<container>``. :class:`ConsumerWatch` reads those records for the prepared
 claims and reports each claim whose running consumers changed (the claim status writer then
 lists them in the claim's ``status.devices``), and warns once per container that runs as root
@@ -67,6 +67,15 @@ def parse_record(container_id: str, text: str) -> Consumer:
     return Consumer(container_id, uid, pid, start, who)
 
 
+def _entries(directory: Path) -> list[Path]:
+    """The entries of ``directory`` but hidden ones (the gate's lock and temporary files);
+    none if it cannot be read."""
+    try:
+        return [e for e in directory.iterdir() if not e.name.startswith(".")]
+    except OSError:
+        return []
+
+
 def root_containers(records: Iterable[Consumer]) -> list[str]:
     """Pure: the container IDs whose recorded UID is root, sorted."""
     return sorted(c.container_id for c in records if c.uid == ROOT_UID)
@@ -127,21 +136,18 @@ class ConsumerWatch:
         self._reported: dict[str, ClaimConsumers] = {}
 
     def records(self, claim_uid: str) -> list[Consumer]:
-        """Every record of a claim, running or not."""
-        out = []
-        try:
-            entries = list((self.record_root / claim_uid).iterdir())
-        except OSError:
-            return []
-        for entry in entries:
-            if entry.name.startswith("."):
-                continue
-            try:
-                text = entry.read_text(errors="replace")[:512]
-            except OSError:
-                continue
-            out.append(parse_record(entry.name, text))
-        return out
+        """Every record of a claim, running or not, once per container (the gate keeps one
+        directory per device of the claim, ``<claim-uid>/<device-key>/<container-id>``; a
+        container that got several devices is in each)."""
+        out: dict[str, Consumer] = {}
+        for entry in _entries(self.record_root / claim_uid):
+            for record in _entries(entry) if entry.is_dir() else [entry]:
+                try:
+                    text = record.read_text(errors="replace")[:512]
+                except OSError:
+                    continue
+                out.setdefault(record.name, parse_record(record.name, text))
+        return list(out.values())
 
     def running(self, records: Iterable[Consumer]) -> tuple[Consumer, ...]:
         """The consumers among ``records`` whose process still runs, by container ID."""

@@ -278,3 +278,19 @@ def test_a_claim_without_mps_gets_no_root_condition_and_no_consumers() -> None:
     entry = device_status(d, "drv", Enforcement(Tier.NONE), "t", 100, runs_as_root=True)
     assert [c["type"] for c in entry["conditions"]] == ["FractionEnforced"]
     assert "consumers" not in entry["data"]
+
+
+def test_devices_count_their_own_consumers_and_the_watch_lists_each_container_once(
+    node: Any, tmp_path: Path
+) -> None:
+    """Extended resources give each container its own request of one claim: two containers
+    on two devices are two devices' single consumers, not two consumers of one device."""
+    plan = plan_of(node)
+    users = tmp_path / "users" / UID
+    with container_process() as one, container_process() as two:
+        assert run_gate(users / "dev-a", tmp_path / "b1", "c1", 1000, one.pid).returncode == 0
+        assert run_gate(users / "dev-b", tmp_path / "b2", "c2", 1000, two.pid).returncode == 0
+        assert run_gate(users / "dev-b", tmp_path / "b1", "c1", 1000, one.pid).returncode == 1
+        assert run_gate(users / "dev-a", tmp_path / "b1", "c1", 1000, one.pid).returncode == 0
+        found = ConsumerWatch(tmp_path / "users").check([plan])[UID]
+        assert [c.container_id for c in found.running] == ["c1", "c2"]

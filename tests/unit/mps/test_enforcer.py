@@ -149,7 +149,8 @@ def test_cooperative_has_namespace_limit_but_no_memory_hook(tmp_path: Path) -> N
         edits = node.enforcer.apply(plan(device(node.gpus[0], 6 * GIB, 12 * GIB), uid=UID_A))
     e = edits["gpu-0-quarter-0"]
     (gate,) = e.hooks  # only the consumer gate: no driver-enforced limits to apply
-    assert gate.args[3:6] == ("gpu-fraction-consumer", str(tmp_path / "run/users" / UID_A), "1")
+    records = tmp_path / "run/users" / UID_A / "gpu-0-quarter-0"  # per device of the claim
+    assert gate.args[3:6] == ("gpu-fraction-consumer", str(records), "1")
     assert not any(v.startswith("NVIDIA_GPU_MEMORY_") for v in e.env)
     assert "GPU_FRACTION_MEMORY_ENFORCEMENT=cooperative" in e.env
     assert e.mounts[0].container_path == "/tmp/nvidia-mps"
@@ -395,7 +396,13 @@ def test_devices_of_one_claim_on_one_gpu_share_its_namespace(tmp_path: Path) -> 
     )
     edits = node.enforcer.apply(p)
     assert namespaces(node, "sm-sharing") == {ns(UID_A): (25 * GIB, 70)}
-    assert edits["gpu-0-quarter-0"] == edits["gpu-0-quarter-1"]
+    a, b = edits["gpu-0-quarter-0"], edits["gpu-0-quarter-1"]
+    assert (a.env, a.mounts, a.hooks[:-1]) == (b.env, b.mounts, b.hooks[:-1])
+    # each device counts its own consumers (a container that gets both is in both)
+    assert (a.hooks[-1].args[4], b.hooks[-1].args[4]) == (
+        str(node.options.user_record_root / UID_A / "gpu-0-quarter-0"),
+        str(node.options.user_record_root / UID_A / "gpu-0-quarter-1"),
+    )
     assert "NVIDIA_GPU_MEMORY_REQUEST=15360" in edits["gpu-0-quarter-0"].env
     assert "NVIDIA_GPU_MEMORY_LIMIT=25600" in edits["gpu-0-quarter-0"].env
 
