@@ -1,5 +1,5 @@
 """The running plugin's view of its node: the current inventory and devices, their health and
-taints, and the MPS health check that feeds them."""
+taints, the MPS health check that feeds them, and the check of the claims' MPS clients."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from dra_driver.config.node import NodeConfig
 from dra_driver.enforce import FractionEnforcer
 from dra_driver.gpus import GpuSource
 from dra_driver.infra import budget
-from dra_driver.infra.budget import HEALTH_CHECK_BUDGET_S, Budget
+from dra_driver.infra.budget import CLIENT_CHECK_BUDGET_S, HEALTH_CHECK_BUDGET_S, Budget
+from dra_driver.infra.metrics import Metrics
 from dra_driver.model.devices import DeviceStatus, PublishedDevice
 from dra_driver.model.gpu import Inventory
 from dra_driver.publish.devicehealth import device_health
@@ -20,6 +21,10 @@ from dra_driver.publish.devicetaints import DeviceTaint, TaintMemory
 from dra_driver.publish.offer import offered_devices
 
 log = structlog.get_logger(__name__)
+
+CLIENT_CHECK_INTERVAL_S = 2.0
+"""Seconds between two checks of the claims' MPS clients against their caps: a flood holds the
+server's client table for at most about this long (``docs/enforcement.md``, "Client cap")."""
 
 
 class NodeState:
@@ -110,4 +115,38 @@ def check_mps(
     if unhealthy.keys() != state.unhealthy_gpus.keys():
         state.wake.set()  # taints change: republish now
     state.unhealthy_gpus = unhealthy
+    return True
+
+
+def police_clients(
+    enforcer: FractionEnforcer,
+    metrics: Metrics,
+    stop: threading.Event,
+    interval: float = CLIENT_CHECK_INTERVAL_S,
+) -> None:
+    """Hold each claim's MPS clients within its cap every ``interval`` seconds until ``stop``
+    is set (:func:`check_clients`). Returns early when the enforcer runs no MPS clients
+    (simulated GPUs with the recording enforcer)."""
+    while not stop.wait(interval):
+        if not check_clients(enforcer, metrics):
+            return
+
+
+def check_clients(
+    enforcer: FractionEnforcer, metrics: Metrics, seconds: float = CLIENT_CHECK_BUDGET_S
+) -> bool:
+    """One check of the claims' MPS clients within ``seconds`` (it holds no lock Prepare
+    needs); each terminated client counts in ``dra_gpu_fraction_mps_clients_terminated_total``
+    under its reason. A check that fails as a whole is logged. Returns False when the
+    enforcer runs no MPS clients (``check_clients`` gave None), else True."""
+    try:
+        with budget.within(Budget.of(seconds)):
+            done = enforcer.check_clients()
+    except Exception as exc:  # keep checking whatever happens
+        log.error("MPS client check failed", error=str(exc))
+        return True
+    if done is None:
+        return False
+    for t in done:
+        metrics.mps_clients_terminated.labels(reason=t.reason).inc(len(t.pids))
     return True

@@ -14,7 +14,7 @@ import structlog
 from kubernetes import client as k8s
 from prometheus_client import start_http_server
 
-from dra_driver.app.nodestate import NodeState, supervise
+from dra_driver.app.nodestate import NodeState, police_clients, supervise
 from dra_driver.app.sockets import check_socket_paths
 from dra_driver.config.caps import CapPolicy
 from dra_driver.config.load import load_node_config
@@ -195,7 +195,8 @@ class RunningPlugin:
 
     def _start(self) -> None:
         """Start every part in order: the node (GPUs, configuration, sockets), enforcement,
-        the kubelet services, the MPS supervisor, metrics, then slice publishing."""
+        the kubelet services, the MPS supervisor and client check, metrics, then slice
+        publishing."""
         node = self._open_node()
         report = detect_enforcement(
             node.state.inventory,
@@ -210,6 +211,7 @@ class RunningPlugin:
         preparation = self._serve_kubelet(node, report, enforcer, api, metrics)
         register_accounting(metrics.registry, preparation.prepared_plans, usage)
         self._thread("mps-supervisor", supervise, enforcer, node.state, self.stop)
+        self._thread("mps-client-cap", police_clients, enforcer, metrics, self.stop)
         if node.opts.metrics_port:
             http, _ = start_http_server(
                 node.opts.metrics_port,

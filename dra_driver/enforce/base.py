@@ -8,7 +8,7 @@ from typing import Protocol
 
 from dra_driver.model.cdi import ContainerEdits
 from dra_driver.model.errors import ClaimError
-from dra_driver.model.plans import ClaimPlan
+from dra_driver.model.plans import ClaimPlan, ClaimRef
 
 
 class MpsError(ClaimError, RuntimeError):
@@ -36,6 +36,26 @@ class GpuHealth:
     gpu_uuid: str
     healthy: bool
     detail: str = ""
+
+
+@dataclass(frozen=True)
+class ClientTermination:
+    """MPS clients of one claim on one GPU that the enforcer terminated
+    (from :meth:`FractionEnforcer.check_clients`).
+
+    Attributes:
+        claim: the claim.
+        gpu_uuid: the GPU (of a multi-GPU claim: the one whose cap binds).
+        pids: the terminated clients' host PIDs, newest first.
+        cap: the claim's client cap there (client contexts per device).
+        reason: why, e.g. ``over_claim_cap`` (a Prometheus label value).
+    """
+
+    claim: ClaimRef
+    gpu_uuid: str
+    pids: tuple[int, ...]
+    cap: int
+    reason: str
 
 
 class FractionEnforcer(Protocol):
@@ -74,4 +94,10 @@ class FractionEnforcer(Protocol):
         """Check, and repair, what the applied claims need (the plugin calls it every 10 s):
         GPU UUID -> health for each GPU with claims; None when this enforcer runs nothing that
         needs supervising (the plugin then stops asking)."""
+        ...
+
+    def check_clients(self) -> Sequence[ClientTermination] | None:
+        """Terminate each claim's MPS clients beyond its share of the server's client table
+        (the plugin calls it every 2 s): what was terminated; None when this enforcer runs no
+        MPS clients (the plugin then stops asking)."""
         ...

@@ -201,9 +201,12 @@ class MpsControl:
         self.run("namespace", "delete", name, f"--server={server}", *(["--force"] if force else []))
 
     # client ---------------------------------------------------------------------------
-    def client_list(self, server: str) -> list[ClientRow]:
-        """``client list --server=<s>``."""
-        return parse_clients(self.run("client", "list", f"--server={server}", CSV).stdout)
+    def client_list(self, server: str | None = None) -> list[ClientRow]:
+        """``client list --server=<s>``; without ``server``, ``client list``: the clients of
+        every server of the daemon (``--server`` is an optional filter in the MPS v3
+        Interface grammar; that the unfiltered list covers every server is [INFERRED])."""
+        where = () if server is None else (f"--server={server}",)
+        return parse_clients(self.run("client", "list", *where, CSV).stdout)
 
     def client_terminate(self, pid: int) -> None:
         """``client terminate <pid>`` (the client then sees CUDA_ERROR_MPS_CLIENT_TERMINATED)."""

@@ -28,8 +28,8 @@ Layout on the node (host paths; the plugin sees them at the same paths):
 
 :class:`MpsEnforcer` is the locked facade over its parts: :mod:`.ledger` (the claims' records),
 :mod:`.objects` and :mod:`.removal` (daemons, servers, namespaces), :mod:`.computemode`,
-:mod:`.lifecycle` (apply and release one claim), :mod:`.restore` (after a plugin start) and
-:mod:`.health` (check and repair).
+:mod:`.lifecycle` (apply and release one claim), :mod:`.restore` (after a plugin start),
+:mod:`.health` (check and repair) and :mod:`.clientguard` (each claim's clients within its cap).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-from dra_driver.enforce.base import GpuHealth, MpsError
+from dra_driver.enforce.base import ClientTermination, GpuHealth, MpsError
+from dra_driver.enforce.clientguard import ClientGuard, ClientsTerminated, ignore_terminations
 from dra_driver.enforce.computemode import ComputeModes
 from dra_driver.enforce.daemon import MpsDaemon, ServiceDaemon
 from dra_driver.enforce.edits import CONTAINER_PIPE_DIR, target_edits
@@ -84,6 +85,9 @@ class MpsEnforcer:
         runner: runs ``nvidia-cuda-mps-control``.
         options: paths and defaults.
         sleep: injectable ``time.sleep``.
+        on_clients_terminated: called by :meth:`check_clients` for each claim namespace whose
+            clients beyond its cap were terminated, as ``(claim, gpu_uuid, pids, cap)``
+            (default: nothing; its exceptions are logged).
     """
 
     def __init__(
@@ -93,6 +97,7 @@ class MpsEnforcer:
         runner: Runner,
         options: MpsOptions | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        on_clients_terminated: ClientsTerminated = ignore_terminations,
     ) -> None:
         self.options = options or MpsOptions()
         opts = self.options
@@ -123,6 +128,7 @@ class MpsEnforcer:
             self.tiers, opts, self._ledger, self._objects, self._modes, self.janitor
         )
         self._health = HealthRepair(self._life)
+        self._guard = ClientGuard(self.daemons, on_clients_terminated)
 
     # FractionEnforcer -----------------------------------------------------------------
     def apply(self, plan: ClaimPlan) -> Mapping[str, ContainerEdits]:
@@ -178,6 +184,22 @@ class MpsEnforcer:
         """
         with self._lock:
             return self._health.check()
+
+    def check_clients(self) -> list[ClientTermination]:
+        """Terminate each claim's MPS clients beyond its cap (newest first; the cap is the
+        claim's share of the server's client table, :mod:`dra_driver.enforce.clientcap`).
+
+        One ``client list`` per control daemon with claims, then ``client terminate`` per
+        excess client. The enforcer's lock is held only to read the applied claims, never
+        while a command runs, so Prepare does not wait for a check. Never terminates a client
+        of the ``default`` namespace, of another claim, or one also attached elsewhere.
+
+        Returns:
+            What was terminated, one entry per claim namespace.
+        """
+        with self._lock:
+            targets = {mode: self._ledger.mode_targets(mode) for mode in self.daemons}
+        return self._guard.check(targets)
 
     @property
     def daemon_restarts(self) -> int:

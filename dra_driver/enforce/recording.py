@@ -169,3 +169,7 @@ class RecordingEnforcer:
     def check_health(self) -> None:
         """Nothing to supervise: no daemon runs for simulated GPUs (returns None)."""
         return None
+
+    def check_clients(self) -> None:
+        """No MPS clients: no daemon runs for simulated GPUs (returns None)."""
+        return None

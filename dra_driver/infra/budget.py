@@ -30,6 +30,8 @@ HEALTH_CHECK_BUDGET_S = 10.0
 """Budget of one MPS health check (it holds the enforcer, so Prepare would wait for it)."""
 SCRAPE_BUDGET_S = 5.0
 """Budget of the MPS reads behind one metrics scrape."""
+CLIENT_CHECK_BUDGET_S = 5.0
+"""Budget of one check of the claims' MPS clients against their caps (holds no lock)."""
 
 
 @dataclass

@@ -19,6 +19,9 @@ class Metrics:
         ``dra_gpu_fraction_claim_status_writes_total{result}``: claims whose device status
             the plugin handled after Prepare, by result (``written``, ``unchanged``,
             ``skipped``: claim gone, re-created or not allocated on this node, ``failed``).
+        ``dra_gpu_fraction_mps_clients_terminated_total{reason}``: MPS clients the plugin
+            terminated, by reason (``over_claim_cap``: beyond their claim's share of the MPS
+            server's client table, ``docs/enforcement.md``, "Client cap").
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -47,6 +50,13 @@ class Metrics:
             "Claims whose status.devices the plugin handled, by result (written, unchanged,"
             " skipped, failed)",
             ["result"],
+            registry=self.registry,
+        )
+        self.mps_clients_terminated = Counter(
+            "dra_gpu_fraction_mps_clients_terminated",
+            "MPS clients the plugin terminated, by reason (over_claim_cap: beyond their"
+            " claim's share of the MPS server's client table)",
+            ["reason"],
             registry=self.registry,
         )
         self.duration = Histogram(

@@ -11,9 +11,11 @@ then ``PING`` / ``PONG <server pid>``), holds the connection and prints one line
 (one line each time, ``state`` last). ``state`` is ``connected`` (just attached), ``same``
 (still attached to the same server process), ``terminated`` (the server ended the connection
 and said why: ``reason=``), ``lost`` (the connection ended or went quiet), ``rejected`` (the
-server refused the greeting: ``reason=``), ``unreachable`` (cannot connect: ``error=``;
-retried each second) or ``stopped`` (SIGTERM: exit status 0). Values with spaces are quoted
-as a POSIX shell would; :func:`parse_line` reads a line back into a dict.
+server refused the greeting: ``reason=``, e.g. ``ERROR CUDA_ERROR_MPS_MAX_CLIENTS_REACHED ...``
+when its client table is full, where a CUDA client's context creation fails), ``unreachable``
+(cannot connect: ``error=``) or ``stopped`` (SIGTERM: exit status 0); after all but
+``stopped`` it tries again a second later. Values with spaces are quoted as a POSIX shell
+would; :func:`parse_line` reads a line back into a dict.
 """
 
 from __future__ import annotations

@@ -19,6 +19,18 @@ namespace=<ns> pinned_memory_limit=<4G|unlimited> active_thread_percentage=<p|->
 ``PING``, answered ``PONG <server pid>``. The server may send ``TERMINATED <reason>`` and
 close; a malformed line is answered ``ERROR <text>`` and closed. A client's PID is its peer
 credential (the host's view), else the one it sent.
+
+The client table: a server takes at most :data:`CLIENT_TABLE` attached clients, over all its
+namespaces. A real MPS server holds 60 client CUDA contexts per device (48 on CUDA 13.0 and
+before; NVIDIA MPS docs, "When to Use MPS"), and a client of a server with several devices
+holds a context on each of them, so 60 clients per server, whatever its devices, is the same
+limit. A ``HELLO`` past it is answered ``ERROR CUDA_ERROR_MPS_MAX_CLIENTS_REACHED ...`` and
+closed, and the server logs it: a real client's context creation fails then (the docs say it
+fails and the server logs it; the error name is the CUDA driver API's for that case,
+[INFERRED] as what the client sees). Apart from that, at most :data:`MAX_PENDING`
+connections may wait for their ``HELLO``; more are answered ``ERROR ...`` and closed at once.
+That is the emulator's own protection against a flood of silent connections (one event loop,
+one process), not an MPS feature.
 """
 
 from __future__ import annotations
@@ -49,8 +61,16 @@ MAX_LINE = 4096
 """Longest client line, bytes."""
 MAX_ORDER = 64 * 1024
 """Longest line from the daemon, bytes."""
-MAX_CLIENTS = 256
-"""Connections beyond this many are closed at once."""
+CLIENT_TABLE = 60
+"""Attached clients one server takes, over all its namespaces: MPS's client CUDA contexts per
+device (NVIDIA MPS docs, "When to Use MPS": 60 since r590 with the default
+``CUDA_DEVICE_MAX_CONNECTIONS=2``, 48 on CUDA 13.0 and before); see the module docstring."""
+MAX_PENDING = 64
+"""Connections that may wait for their ``HELLO`` at once; more are refused at once (the
+emulator's own protection, not an MPS feature)."""
+MAX_CLIENTS_REACHED = "CUDA_ERROR_MPS_MAX_CLIENTS_REACHED"
+"""The error a client past the table is answered with (CUDA driver API error 808, "the
+hardware resources required to create MPS client have been exhausted")."""
 
 
 @dataclass
@@ -226,10 +246,15 @@ class ServerLoop:
             sock, _ = self.spaces[space].listener.accept()
         except (BlockingIOError, KeyError):
             return
-        if len(self.conns) >= MAX_CLIENTS:
+        sock.setblocking(False)
+        if sum(1 for c in self.conns.values() if not c.attached) >= MAX_PENDING:
+            with contextlib.suppress(OSError):
+                sock.send(
+                    f"ERROR emulator: {MAX_PENDING} connections already wait for their "
+                    "HELLO; try again\n".encode()
+                )
             sock.close()
             return
-        sock.setblocking(False)
         self.conns[sock] = _Conn(sock, space, time.monotonic() + HELLO_TIMEOUT_S)
         self.sel.register(sock, selectors.EVENT_READ, ("client", space))
 
@@ -259,6 +284,18 @@ class ServerLoop:
                 return
             conn.pid = _peer_pid(conn.sock) or int(words[1])
             conn.cmd = words[2] if len(words) > 2 else "-"
+            attached = sum(1 for c in self.conns.values() if c.attached)
+            if attached >= CLIENT_TABLE:
+                self.say(
+                    f"client {conn.pid} ({conn.cmd}) refused on namespace {conn.space}: "
+                    f"{attached} clients attached, the most a server takes ({MAX_CLIENTS_REACHED})"
+                )
+                self._drop(
+                    conn,
+                    f"ERROR {MAX_CLIENTS_REACHED}: server {self.name} has {attached} clients, "
+                    "the most it takes",
+                )
+                return
             conn.attached = True
             space = self.spaces[conn.space]
             self.say(f"client {conn.pid} ({conn.cmd}) attached to namespace {conn.space}")

@@ -217,3 +217,72 @@ def test_foreground_daemon_reads_stdin_and_sigterm_quits(root: Path) -> None:
     os.kill(pid, signal.SIGTERM)
     wait_for("the daemon to quit on SIGTERM", lambda: not alive(pid), 5)
     assert not (pipe / "control").exists() and not (pipe / "nvidia-cuda-mps-control.pid").exists()
+
+
+def greet(path: Path, text: str = "HELLO 1 flood") -> tuple[socket.socket, str]:
+    """A connection to the socket at ``path`` that said ``text``, and the server's answer."""
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(5)
+    s.connect(str(path))
+    s.sendall(text.encode() + b"\n")
+    return s, s.recv(4096).decode()
+
+
+def test_a_server_takes_60_clients_and_refuses_the_61st_as_mps_does(root: Path) -> None:
+    """Issue 26, item 2: a real server's client table holds 60 client contexts per device (it
+    was 256 here); a client past it fails its context creation and the server logs it."""
+    daemon = MpsDaemon("time-slicing", root, SubprocessRunner(timeout=20), str(emulator_path()))
+    ctl = daemon.control
+    daemon.ensure_running()
+    ctl.server_create("gpu_0", [GPU_A])
+    ctl.namespace_create("c_a", "gpu_0")
+    ctl.namespace_create("c_b", "gpu_0")
+    server_dir = daemon.pipe_dir / "gpu_0"
+    held = []
+    try:
+        for i in range(60):  # the table counts the server's clients over all its namespaces
+            s, answer = greet(server_dir / ("c_a" if i % 2 else "c_b") / "control")
+            held.append(s)
+            assert answer.startswith("WELCOME server=gpu_0"), (i, answer)
+        assert len(ctl.client_list("gpu_0")) == 60
+        late, answer = greet(server_dir / "c_b" / "control")
+        assert answer.startswith("ERROR CUDA_ERROR_MPS_MAX_CLIENTS_REACHED: server gpu_0 has 60")
+        assert late.recv(4096) == b""  # and closed
+        late.close()
+        assert "refused on namespace c_b: 60 clients attached" in daemon.server_log_tail("gpu_0")
+        tenant = Probe(server_dir / "c_a")  # what a tenant's probe says then
+        refused = tenant.wait_line(lambda f: f.get("state") == "rejected", 10)
+        assert "CUDA_ERROR_MPS_MAX_CLIENTS_REACHED" in refused["reason"]
+        held.pop().close()  # a place frees: the probe's next try (once a second) attaches
+        tenant.wait_line(lambda f: f.get("state") == "connected", 10)
+        assert tenant.stop() == 0
+        assert len(ctl.client_list("gpu_0")) == 59
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_connections_that_never_say_hello_cannot_exhaust_the_server(root: Path) -> None:
+    """The emulator's own protection (not an MPS feature): at most 64 connections wait for
+    their HELLO; more are refused at once, and clients attached already keep being served."""
+    daemon = MpsDaemon("time-slicing", root, SubprocessRunner(timeout=20), str(emulator_path()))
+    daemon.ensure_running()
+    daemon.control.server_create("gpu_0", [GPU_A])
+    path = daemon.pipe_dir / "gpu_0" / "control"
+    attached, answer = greet(path)
+    assert answer.startswith("WELCOME")
+    silent = []
+    try:
+        for _ in range(64):
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(str(path))
+            silent.append(s)
+        extra, answer = greet(path)
+        assert answer.startswith("ERROR emulator: 64 connections already wait for their HELLO")
+        extra.close()
+        attached.sendall(b"PING\n")
+        assert attached.recv(4096).startswith(b"PONG ")
+        assert [c.namespace for c in daemon.control.client_list("gpu_0")] == ["default"]
+    finally:
+        for s in [attached, *silent]:
+            s.close()

@@ -1,7 +1,8 @@
 """The driver's MPS enforcer against the MPS emulator (real daemon, server and tenant
 processes; NVML stays a fake): a claim's namespace reaches a tenant with its limits, a daemon
 crash is repaired by the health check and the tenant gets the same limits from the new server,
-and release terminates the tenant and leaves nothing running."""
+and release terminates the tenant and leaves nothing running; a claim that floods its server's
+client table is cut back to its cap in one client check, and its neighbour gets in."""
 
 from __future__ import annotations
 
@@ -12,16 +13,19 @@ from pathlib import Path
 
 import pytest
 
+from dra_driver.enforce.base import ClientTermination
 from dra_driver.enforce.enforcer import MpsEnforcer, MpsOptions
 from dra_driver.infra.runner import SubprocessRunner
+from dra_driver.model.plans import ClaimRef
 from dra_driver.mpsemu import emulator_path
 from tests.support.fakes.mps_control import FakeNvml
 from tests.support.fakes.plans import GIB, device, gpu, plan
-from tests.support.mpsemu import Probe, alive, private_root, wait_for
+from tests.support.mpsemu import HeldClients, Probe, alive, private_root, wait_for
 
 pytestmark = pytest.mark.integration
 
 UID_A = "0a000000-0000-4000-8000-00000000000a"
+UID_B = "0b000000-0000-4000-8000-00000000000b"
 
 
 @pytest.fixture
@@ -93,3 +97,62 @@ def test_claim_reaches_tenant_survives_daemon_crash_and_is_released(
     server = int(again["server_pid"])
     wait_for("the server to exit", lambda: not alive(server), 5)
     assert tenant.stop() == 0
+
+
+def test_a_flooding_claim_is_cut_to_its_cap_and_its_neighbour_gets_in(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 26, item 2: a tenant's clients fill the GPU server's table (60), so a neighbour
+    claim's tenant is refused; one client check terminates the flood's newest clients beyond
+    its cap (a quarter of the card: 15), and the neighbour attaches and stays."""
+    g = gpu(0, memory_mib=80 * 1024)
+    monkeypatch.setenv("MPS_EMULATOR_VISIBLE_GPUS", g.uuid)
+    options = MpsOptions(
+        root=str(root / "run"),
+        control_binary=str(emulator_path()),
+        cgroup_root=str(root / "cgroup"),
+        command_timeout=20,
+        server_checks=100,
+        server_check_interval=0.05,
+    )
+    reported: list[tuple[ClaimRef, str, list[int], int]] = []
+    enforcer = MpsEnforcer(
+        {g.uuid: "hard"},
+        FakeNvml({g.uuid: g.memory_bytes}),
+        SubprocessRunner(),
+        options,
+        on_clients_terminated=lambda *call: reported.append(call),
+    )
+    a = plan(device(g, 20 * GIB), uid=UID_A)
+    b = plan(device(g, 10 * GIB), uid=UID_B, name="serve")
+    [pipe_a] = [m.host_path for m in enforcer.apply(a)["gpu-0-quarter-0"].mounts]
+    [pipe_b] = [m.host_path for m in enforcer.apply(b)["gpu-0-quarter-0"].mounts]
+    flood = []
+    for _ in range(20):  # 20 processes of one client each, one after the other ...
+        flood.append(HeldClients(Path(pipe_a) / "control"))
+        assert flood[-1].answered()[0].startswith("WELCOME")
+    bulk = HeldClients(Path(pipe_a) / "control", 40)  # ... then one of 40: the table is full
+    assert all(line.startswith("WELCOME") for line in bulk.answered())
+    neighbour = Probe(Path(pipe_b))
+    refused = neighbour.wait_line(lambda f: f.get("state") == "rejected", 10)
+    assert "CUDA_ERROR_MPS_MAX_CLIENTS_REACHED" in refused["reason"]
+
+    done = enforcer.check_clients()
+    ended = [bulk.pid, *(h.pid for h in reversed(flood[15:]))]  # newest first
+    claim_a = ClaimRef("team-a", "train", UID_A)
+    assert done == [ClientTermination(claim_a, g.uuid, tuple(ended), 15, "over_claim_cap")]
+    assert reported == [(claim_a, g.uuid, ended, 15)]
+    wait_for("the server to tell them", lambda: bulk.terminated() == 40, 5)
+    assert [h.terminated() for h in flood] == [0] * 15 + [1] * 5
+    neighbour.wait_line(lambda f: f.get("state") == "connected", 10)  # the flood still holds 15
+    clients = enforcer.clients()
+    assert sorted(c.pid for c in clients[(UID_A, g.uuid)]) == sorted(h.pid for h in flood[:15])
+    assert [c.pid for c in clients[(UID_B, g.uuid)]] == [neighbour.pid]
+
+    seen = len(neighbour.lines)
+    assert enforcer.check_clients() == []  # within their caps: the neighbour is never touched
+    neighbour.wait_line(lambda f: f.get("state") == "same", 5, after=seen)
+    assert all(f.get("state") == "same" for f in neighbour.lines[seen:])
+    assert neighbour.stop() == 0
+    for h in [*flood, bulk]:
+        h.stop()

@@ -106,3 +106,79 @@ class Probe:
         rc = self.proc.wait(5)
         self._reader.join(5)
         return rc
+
+
+_HOLD = r"""
+import os, select, socket, sys
+path, count = sys.argv[1], int(sys.argv[2])
+socks = []
+for _ in range(count):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    s.sendall(("HELLO %d flood\n" % os.getpid()).encode())
+    answer = b""
+    while not answer.endswith(b"\n"):
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        answer += chunk
+    print(answer.decode().strip() or "closed", flush=True)
+    socks.append(s)
+while socks:
+    for s in select.select(socks, [], [])[0]:
+        data = s.recv(4096)
+        if data:
+            print(data.decode().strip(), flush=True)
+        else:
+            socks.remove(s)
+            s.close()
+"""
+
+
+class HeldClients:
+    """A process that attaches ``count`` clients to the MPS socket at ``path`` (``HELLO``),
+    one after the other, and holds them; every line the server sends it is collected
+    (``WELCOME ...`` per client, then ``TERMINATED ...`` for each one ended). All its clients
+    have its PID, as all the contexts of one CUDA process do.
+
+    Args:
+        path: a namespace's ``control`` socket (the marker of :func:`private_root` in it).
+        count: clients to attach.
+    """
+
+    def __init__(self, path: Path, count: int = 1) -> None:
+        self.count = count
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _HOLD, str(path), str(count)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def answered(self, timeout: float = 10.0) -> list[str]:
+        """The server's answers to the ``count`` greetings, once all came."""
+        return wait_for(
+            f"answers to {self.count} greetings; got {self.lines}",
+            lambda: self.lines[: self.count] if len(self.lines) >= self.count else None,
+            timeout,
+        )
+
+    def terminated(self) -> int:
+        """How many of its clients the server said it terminated."""
+        return sum(1 for line in self.lines if line.startswith("TERMINATED"))
+
+    def stop(self) -> None:
+        """Kill the process (its clients detach)."""
+        self.proc.kill()
+        self.proc.wait(5)
