@@ -200,6 +200,7 @@ def fresh_namespace(admin: Any, prefix: str) -> Iterator[str]:
         obj["metadata"]["name"]
         for f in sorted((MANIFESTS / "deviceclasses").glob("*.yaml"))
         for obj in load(f)
+        if obj["kind"] == "DeviceClass"
     ]
     hard = {f"{c}.deviceclass.resource.k8s.io/devices": "1000" for c in classes}
     for quota in grant_quotas(admin):
