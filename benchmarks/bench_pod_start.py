@@ -35,7 +35,6 @@ from kubernetes import config as k8s_config
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from devtools import localinstall  # noqa: E402
-from dra_driver import DEFAULT_DRIVER_NAME as DRIVER  # noqa: E402
 
 NODE = "bench-node"
 NAMESPACE = "bench"
@@ -171,6 +170,14 @@ def main() -> int:
                     **localinstall.local_values(state),
                     "gpus": "simulated:H200x8",
                     "logLevel": "info",
+                    # the admin's grant (docs/admin-guide.md, "Tenants"): the namespace with
+                    # the tenant label and Pod Security baseline (the pods run as busybox's
+                    # root), and its quota
+                    "tenants": {
+                        "namespaces": {NAMESPACE: {"gpu-eighth": 1000}},
+                        "createNamespaces": True,
+                        "podSecurity": "baseline",
+                    },
                 }
             )
         )
@@ -183,10 +190,6 @@ def main() -> int:
             timeout=180,
             every=0.2,
         )
-        # the admin's grant (docs/admin-guide.md, "Tenants"): without the label the chart's
-        # tenant policy refuses the namespace's claims and templates
-        grant = {"name": NAMESPACE, "labels": {f"{DRIVER}/tenant": "true"}}
-        core.create_namespace(model(k8s.V1Namespace, {"metadata": grant}))
         wait("default SA", lambda: core.list_namespaced_service_account(NAMESPACE).items)
         k8s.ResourceV1Api(api).create_namespaced_resource_claim_template(
             NAMESPACE,

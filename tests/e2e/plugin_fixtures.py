@@ -26,7 +26,7 @@ import re
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -55,6 +55,15 @@ NODE_NAMES = ("gpu-node-1", "gpu-node-2")
 NODE_LABEL = "gpu-fraction.dra.dev/e2e-node"
 TENANT_LABEL = f"{DEFAULT_DRIVER_NAME}/tenant"
 """The namespace label by which a cluster admin grants a namespace this driver's devices."""
+POD_SECURITY_LABEL = "pod-security.kubernetes.io/enforce"
+GRANT_LABELS = {TENANT_LABEL: "true", POD_SECURITY_LABEL: "baseline"}
+"""A granted namespace's labels: the tenant label and Pod Security enforced, ``baseline`` since
+the tests' pods run as their image's user, root (``restricted`` refuses that)."""
+GRANT_QUOTA = f"{RELEASE}-gpu-fraction-dra-gpu-fractions"
+"""The ResourceQuota the session's chart requires in a granted namespace (its fullname and
+``-gpu-fractions``; the tenant-quota policy)."""
+GRANT_DEVICES = "1000"
+"""Devices of each class a test namespace's grant allows: more than any test uses."""
 CLASS_LIMITS: dict[str, dict[str, Any]] = {
     # Caps the tests' claims burst within (chart value classLimits); others allow no burst.
     "gpu-quarter": {"maxMemoryLimitPortion": "0.5"},
@@ -1034,6 +1043,22 @@ class VirtualNode:
             core.delete_node(self.name)
 
 
+def grant(
+    core: k8s.CoreV1Api,
+    namespace: str,
+    classes: Iterable[str],
+    labels: Mapping[str, str] | None = None,
+) -> None:
+    """Create ``namespace`` as a cluster admin grants it (docs/admin-guide.md, "Tenants"): the
+    :data:`GRANT_LABELS` (and ``labels``) and the ResourceQuota :data:`GRANT_QUOTA`, listing
+    every class in ``classes`` (the session's: the chart's) at :data:`GRANT_DEVICES`."""
+    meta = {"name": namespace, "labels": {**GRANT_LABELS, **(labels or {})}}
+    core.create_namespace(k8s.V1Namespace.from_dict({"metadata": meta}))
+    hard = {f"{c}.deviceclass.resource.k8s.io/devices": GRANT_DEVICES for c in classes}
+    quota = {"metadata": {"name": GRANT_QUOTA}, "spec": {"hard": hard}}
+    core.create_namespaced_resource_quota(namespace, k8s.V1ResourceQuota.from_dict(quota))
+
+
 @pytest.fixture
 def vnodes(e2e: E2E) -> Iterator[list[VirtualNode]]:
     """Kubelet-less nodes a test made (append them); deleted after the test."""
@@ -1053,8 +1078,7 @@ def e2e(
     """A fresh namespace for the test, on the session's nodes and driver."""
     core = k8s.CoreV1Api(kube)
     namespace = f"e2e-{dns_name(request.node.name, 40)}-{short_id()}"
-    meta = {"name": namespace, "labels": {TENANT_LABEL: "true"}}  # the admin's grant
-    core.create_namespace(k8s.V1Namespace.from_dict({"metadata": meta}))
+    grant(core, namespace, device_classes)
     wait_for(
         f"ServiceAccount {namespace}/default",
         lambda: core.read_namespaced_service_account("default", namespace),

@@ -45,6 +45,9 @@ NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 SLICE_POLICY = "gpu-fraction-dra-node-scoped-slices"
 PARAMS_POLICY = "gpu-fraction-dra-claim-parameters"
 TENANT_POLICY = "gpu-fraction-dra-tenant-namespaces"
+TENANT_QUOTA_POLICY = "gpu-fraction-dra-tenant-quota"
+GRANT_QUOTA = "gpu-fraction-dra-gpu-fractions"
+"""The ResourceQuota the plain manifests' tenant-quota policy requires in a granted namespace."""
 SIZES_POLICY = "gpu-fraction-dra-dev-product-sizes"
 PARAMS = {"apiVersion": f"{DRIVER}/v1alpha1", "kind": "GpuFractionParameters"}
 TENANT_LABEL = f"{DRIVER}/tenant"
@@ -172,14 +175,37 @@ def admin(control_plane: Any) -> Any:
     return dynamic_client(control_plane)
 
 
+def grant_quotas(admin: Any) -> set[str]:
+    """The ResourceQuotas a granted namespace needs: the plain manifests' (installed by this
+    module after its namespaces exist) and those the tenant-quota policies already installed
+    require (the session's chart's)."""
+    bindings = admin.resources.get(
+        api_version="admissionregistration.k8s.io/v1", kind="ValidatingAdmissionPolicyBinding"
+    )
+    required = {b.spec.paramRef.name for b in bindings.get().items if b.spec.get("paramRef")}
+    return {GRANT_QUOTA, *required}
+
+
 @contextlib.contextmanager
-def fresh_namespace(admin: Any, prefix: str, tenant: bool = True) -> Iterator[str]:
-    """A new namespace (with its default ServiceAccount), granted this driver's devices
-    (the tenant label) unless ``tenant`` is False; its pods and itself are deleted on exit."""
+def fresh_namespace(admin: Any, prefix: str) -> Iterator[str]:
+    """A new namespace (with its default ServiceAccount), granted this driver's devices as an
+    admin grants them (docs/admin-guide.md, "Tenants"): the tenant label, Pod Security
+    baseline (the examples' pods run as root) and the quotas of :func:`grant_quotas`, each
+    listing every class of the plain manifests; its pods and itself are deleted on exit."""
     name = f"{prefix}-{suffix()}"
-    labels = {TENANT_LABEL: "true"} if tenant else {}
+    labels = {TENANT_LABEL: "true", "pod-security.kubernetes.io/enforce": "baseline"}
     ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
     create(admin, ns)
+    classes = [
+        obj["metadata"]["name"]
+        for f in sorted((MANIFESTS / "deviceclasses").glob("*.yaml"))
+        for obj in load(f)
+        if obj["kind"] == "DeviceClass"
+    ]
+    hard = {f"{c}.deviceclass.resource.k8s.io/devices": "1000" for c in classes}
+    for quota in grant_quotas(admin):
+        body = {"metadata": {"name": quota}, "spec": {"hard": hard}}
+        create(admin, {"apiVersion": "v1", "kind": "ResourceQuota", **body}, name)
     sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}
     wait_for(
         f"ServiceAccount {name}/default",
@@ -342,7 +368,7 @@ def test_every_manifest_object_exists(admin: Any, installed: list[dict[str, Any]
     vaps = admin.resources.get(
         api_version="admissionregistration.k8s.io/v1", kind="ValidatingAdmissionPolicy"
     )
-    for name in (SLICE_POLICY, PARAMS_POLICY, TENANT_POLICY, SIZES_POLICY):
+    for name in (SLICE_POLICY, PARAMS_POLICY, TENANT_POLICY, TENANT_QUOTA_POLICY, SIZES_POLICY):
 
         def checked(name: str = name) -> dict[str, Any] | None:
             vap = vaps.get(name=name).to_dict()

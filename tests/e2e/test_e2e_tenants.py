@@ -31,6 +31,9 @@ from plugin_fixtures import (  # noqa: E402
     CLASS_LIMITS,
     DRIVER,
     E2E,
+    GRANT_LABELS,
+    GRANT_QUOTA,
+    POD_SECURITY_LABEL,
     RELEASE,
     RELEASE_NAMESPACE,
     SM_SHARING_PRODUCT_GPUS,
@@ -38,10 +41,12 @@ from plugin_fixtures import (  # noqa: E402
     TIME_SLICING_GPUS,
     VIRTUAL_TAINT,
     VirtualNode,
+    grant,
     raw,
     short_id,
     unschedulable,
     wait_for,
+    wait_quota_enforced,
 )
 
 pytestmark = pytest.mark.e2e
@@ -194,8 +199,8 @@ def chart_quota(e2e: E2E, namespace: str, grants: dict[str, int]) -> dict[str, A
 
 @pytest.fixture
 def tenant(e2e: E2E) -> Iterator[Tenant]:
-    """The e2e namespace (tenant label set) as team ``tenant`` with the chart's quota: one
-    gpu-eighth, every other class of the driver 0."""
+    """The e2e namespace (granted: tenant label, Pod Security) as team ``tenant`` with the
+    chart's quota: one gpu-eighth, every other class of the driver 0."""
     ns = e2e.namespace
     e2e.core.create_namespaced_service_account(ns, {"metadata": {"name": "tenant"}})
     binding = {
@@ -205,7 +210,9 @@ def tenant(e2e: E2E) -> Iterator[Tenant]:
     }
     k8s.RbacAuthorizationV1Api(e2e.api).create_namespaced_role_binding(ns, binding)
     quota = chart_quota(e2e, ns, {"gpu-eighth": 1})
-    e2e.quota(quota["metadata"]["name"], quota["spec"]["hard"])
+    assert quota["metadata"]["name"] == GRANT_QUOTA  # the grant's quota, now the chart's
+    e2e.core.patch_namespaced_resource_quota(GRANT_QUOTA, ns, {"spec": quota["spec"]})
+    wait_quota_enforced(e2e, GRANT_QUOTA, quota["spec"]["hard"])
     api = token_client(e2e, ns, "tenant")
     try:
         yield Tenant(e2e, ns, api)
@@ -357,6 +364,79 @@ def test_a_namespace_without_the_grant_gets_nothing(e2e: E2E) -> None:
         assert f"namespace {ns} may not claim devices of {DRIVER}" in message(exc)
         assert f"{TENANT_LABEL}=true" in message(exc)
         report("gpu-eighth claim in a namespace without the tenant label", message(exc))
+    finally:
+        e2e.core.delete_namespace(ns)
+
+
+QUOTA_KEY = ".deviceclass.resource.k8s.io/devices"
+QUOTA_BINDING = f"{RELEASE}-gpu-fraction-dra-tenant-quota.requires.resourcequota.{GRANT_QUOTA}"
+NO_PODSECURITY = "missing: the label pod-security.kubernetes.io/enforce=baseline or restricted"
+
+
+@pytest.mark.parametrize(
+    ("what", "labels", "quota", "expected"),
+    [
+        (
+            "the tenant label and the grant's quota, no Pod Security",
+            {TENANT_LABEL: "true"},
+            (GRANT_QUOTA, None),
+            f"{NO_PODSECURITY} (it is unset)",
+        ),
+        (
+            "the tenant label, Pod Security privileged and the grant's quota",
+            {TENANT_LABEL: "true", POD_SECURITY_LABEL: "privileged"},
+            (GRANT_QUOTA, None),
+            f"{NO_PODSECURITY} (it is privileged)",
+        ),
+        ("tenant label and Pod Security, no quota", GRANT_LABELS, None, QUOTA_BINDING),
+        (
+            "tenant label and Pod Security, a hand-written quota of one gpu-eighth",
+            GRANT_LABELS,
+            ("gpu", "gpu-eighth"),
+            QUOTA_BINDING,
+        ),
+        (
+            "tenant label and Pod Security, the grant's quota naming one gpu-eighth only",
+            GRANT_LABELS,
+            (GRANT_QUOTA, "gpu-eighth"),
+            f"missing: gpu-eighth-sm-sharing{QUOTA_KEY}, gpu-quarter{QUOTA_KEY}",
+        ),
+    ],
+)
+def test_a_grant_missing_a_part_gets_nothing(
+    e2e: E2E,
+    device_classes: list[str],
+    what: str,
+    labels: dict[str, str],
+    quota: tuple[str, str | None] | None,
+    expected: str,
+) -> None:
+    """Review: the tenant label alone was a grant (a hostPath pod in such a namespace reached
+    the MPS server's sockets), and the quota an admin writes first, one gpu-eighth, let
+    gpu-full and gpu-memory claims in. The grant now checks itself; each refusal names what
+    is missing."""
+    ns = f"e2e-partgrant-{short_id()}"
+    e2e.core.create_namespace(
+        k8s.V1Namespace.from_dict({"metadata": {"name": ns, "labels": labels}})
+    )
+    try:
+        if quota is not None:
+            name, only = quota
+            named = [only] if only else device_classes
+            hard = {f"{c}{QUOTA_KEY}": "1" for c in named}
+            body = {"metadata": {"name": name}, "spec": {"hard": hard}}
+            e2e.core.create_namespaced_resource_quota(ns, k8s.V1ResourceQuota.from_dict(body))
+        for cls in ("gpu-full", "gpu-memory", "gpu-eighth"):
+            body = eighth_claim(f"c-{cls}", exactly={"deviceClassName": cls})
+            exc = refused(
+                lambda b=body: e2e.res.create_namespaced_resource_claim(
+                    ns, k8s.ResourceV1ResourceClaim.from_dict(b)
+                )
+            )
+            assert expected in message(exc), message(exc)
+            # the API server's own refusal for a missing quota is Invalid, a policy's Forbidden
+            assert exc.status == (422 if expected == QUOTA_BINDING else 403)
+            report(f"{cls} claim; namespace with {what}", f"{exc.status}: {message(exc)}")
     finally:
         e2e.core.delete_namespace(ns)
 
@@ -635,14 +715,13 @@ def test_the_plugin_mounts_no_host_root(e2e: E2E) -> None:
     report("what the plugin pod mounts from the host", ", ".join(sorted(paths)))
 
 
-def test_admin_access_is_monitoring_access_and_not_counted(e2e: E2E) -> None:
+def test_admin_access_is_monitoring_access_and_not_counted(
+    e2e: E2E, device_classes: list[str]
+) -> None:
     """Review item 9: an adminAccess claim was prepared as an ordinary fraction the scheduler
     does not count; the next full-card claim on that GPU then failed Prepare."""
     ns = f"e2e-admin-{short_id()}"
-    labels = {TENANT_LABEL: "true", "resource.kubernetes.io/admin-access": "true"}
-    e2e.core.create_namespace(
-        k8s.V1Namespace.from_dict({"metadata": {"name": ns, "labels": labels}})
-    )
+    grant(e2e.core, ns, device_classes, {"resource.kubernetes.io/admin-access": "true"})
     admin_env = E2E(e2e.api, ns, e2e.test_name, e2e.driver)
     try:
         wait_for(

@@ -106,7 +106,7 @@ VALUE_VARIANTS: dict[str, list[str]] = {
         "--set",
         "policies.claimParameters=false",
         "--set",
-        "tenants.requireLabel=false",
+        "tenants.requireGrant=false",
         "--set",
         "metricsNetworkPolicy.enabled=false",
     ],
@@ -302,6 +302,11 @@ def test_default_rendering_kinds_and_names() -> None:
         ("ValidatingAdmissionPolicyBinding", f"{RELEASE}-claim-parameters"),
         ("ValidatingAdmissionPolicy", f"{RELEASE}-tenant-namespaces"),
         ("ValidatingAdmissionPolicyBinding", f"{RELEASE}-tenant-namespaces"),
+        ("ValidatingAdmissionPolicy", f"{RELEASE}-tenant-quota"),
+        (
+            "ValidatingAdmissionPolicyBinding",
+            f"{RELEASE}-tenant-quota.requires.resourcequota.{RELEASE}-gpu-fractions",
+        ),
         ("MutatingAdmissionPolicy", "gpu-fraction-dra-dev-product-sizes"),
         ("MutatingAdmissionPolicyBinding", "gpu-fraction-dra-dev-product-sizes"),
         ("ValidatingAdmissionPolicy", "gpu-fraction-dra-dev-product-sizes"),
@@ -339,6 +344,14 @@ def test_toggles_remove_objects() -> None:
             'nodeConfig.defaults.fractionModel "products" is not in fractionModels',
         ),
         (["--set", "metricsPort=-1"], "metricsPort must be >= 0"),
+        (
+            ["--set", "tenants.requireLabel=true"],
+            "tenants.requireLabel is now tenants.requireGrant",
+        ),
+        (
+            ["--set", "tenants.podSecurity=privileged"],
+            'tenants.podSecurity: "privileged" would not be granted',
+        ),
         (
             ["--set", "mps.smSharingComputeMode=EXCLUSIVE"],
             'mps.smSharingComputeMode: unknown NVML compute mode "EXCLUSIVE"',
@@ -685,7 +698,11 @@ def test_node_scoped_policy_targets_the_plugin_identity() -> None:
     }
     for b in of_kind(objs, "ValidatingAdmissionPolicyBinding"):
         assert b["spec"]["validationActions"] == ["Deny"]
-        assert b["spec"]["policyName"] == b["metadata"]["name"]
+        # named after its policy; a binding with a parameter also names the one it requires
+        # (where it is missing the API server's refusal names only the policy and the binding)
+        ref = b["spec"].get("paramRef")
+        named = f".requires.resourcequota.{ref['name']}" if ref else ""
+        assert b["metadata"]["name"] == b["spec"]["policyName"] + named
     custom = rendered_objects(*VALUE_VARIANTS["custom"])
     assert '"gpu.example.org"' in yaml.safe_dump(policy(custom, "node-scoped-slices"))
     assert '"gpu.example.org"' in yaml.safe_dump(policy(custom, "claim-parameters"))
@@ -838,6 +855,35 @@ def test_tenant_quotas_list_every_class_at_zero_unless_granted() -> None:
         check=False,
     )
     assert res.returncode != 0 and '"gpu-quater" is not a DeviceClass of this chart' in res.stderr
+
+
+def test_the_charts_tenant_quota_is_the_one_its_policy_requires() -> None:
+    """The grant the chart renders passes its own tenant-quota policy: the binding asks for the
+    quota by the name the chart gives it, and the policy requires exactly the classes the
+    quota lists (those of the chart and tenants.extraClasses)."""
+    objs = rendered_objects(
+        "--set-json",
+        'tenants.namespaces={"team-a":{"gpu-eighth":1}}',
+        "--set-json",
+        'tenants.extraClasses=["gpu-quarter-hard"]',
+    )
+    (quota,) = of_kind(objs, "ResourceQuota")
+    (binding,) = [
+        b for b in of_kind(objs, "ValidatingAdmissionPolicyBinding") if "paramRef" in b["spec"]
+    ]
+    assert binding["spec"]["paramRef"] == {
+        "name": quota["metadata"]["name"],
+        "parameterNotFoundAction": "Deny",
+    }
+    assert binding["spec"]["matchResources"]["namespaceSelector"] == {
+        "matchLabels": {f"{DEFAULT_DRIVER_NAME}/tenant": "true"}
+    }
+    required = policy(objs, "tenant-quota")["spec"]["variables"][0]["expression"]
+    listed = json.loads(required[: required.index("]") + 1])
+    assert [f"{c}.deviceclass.resource.k8s.io/devices" for c in listed] == list(
+        quota["spec"]["hard"]
+    )
+    assert "gpu-quarter-hard" in listed
 
 
 # --- examples ---------------------------------------------------------------------------------

@@ -227,6 +227,11 @@ app.kubernetes.io/component: kubelet-plugin
 {{- printf "%s/tenant" .Values.driverName -}}
 {{- end -}}
 
+{{/* The ResourceQuota of a granted namespace, which the tenant-quota policy requires. */}}
+{{- define "gfd.tenantQuotaName" -}}
+{{- printf "%s-gpu-fractions" (include "gfd.fullname" .) -}}
+{{- end -}}
+
 {{/* Each DeviceClass of this driver with its product's portion, as a JSON list of
      {name, num, den} (den 0: a capacity class), in the order of gfd.classNames. */}}
 {{- define "gfd.classInfo" -}}
