@@ -141,9 +141,10 @@ def test_deleted_slices_come_back_at_once(e2e: E2E) -> None:
 
 
 def test_claim_shared_by_two_pods(e2e: E2E) -> None:
-    """One ResourceClaim used by two pods: prepared once, unprepared with the last pod."""
+    """One ResourceClaim used by two pods: prepared once, unprepared with the last pod. Two
+    containers may use it at once only with ``maxConsumers: 2`` (test_e2e_sharing)."""
     node = e2e.nodes[1]
-    e2e.claim("shared", "gpu-quarter")
+    e2e.claim("shared", "gpu-quarter", parameters={"maxConsumers": 2})
     e2e.pod("one", node, claims={"gpu": "shared"})
     e2e.pod("two", node, claims={"gpu": "shared"})
     e2e.wait_running("one")

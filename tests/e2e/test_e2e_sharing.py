@@ -71,13 +71,16 @@ def test_one_claim_shared_by_six_containers_holds_one_fraction(e2e: E2E) -> None
     e2e.claim("shared", "gpu-eighth")
     shared_pods(e2e, "shared")
     text = "allows 1 at once"
-    wait_for(
-        "every pod told why its containers cannot share the claim",
-        lambda: refusals(e2e, text) | {p for p in PODS if _runs_one(e2e, p)} == set(PODS),
-        timeout=120,
-    )
-    running = [k for k, s in container_states(e2e).items() if "running" in s]
-    assert len(running) == 1, container_states(e2e)
+
+    def settled() -> list[str] | None:
+        """The running containers, once one runs and every other pod was told why its
+        containers cannot start (the kubelet's status lags its events: wait for both)."""
+        running = [k for k, st in container_states(e2e).items() if "running" in st]
+        told = refusals(e2e, text) | {k.split("/")[0] for k in running}
+        return running if running and told == set(PODS) else None
+
+    running = wait_for("one consumer running, every pod told why", settled, timeout=120)
+    assert len(running) == 1, "\n".join(e2e.describe(p) for p in PODS)
     pod = running[0].split("/")[0]
     view = e2e.view(pod, running[0].split("/")[1])
     eighth_mib = int(view.env["NVIDIA_GPU_MEMORY_LIMIT"])
@@ -97,11 +100,6 @@ def test_one_claim_shared_by_six_containers_holds_one_fraction(e2e: E2E) -> None
     )
     assert consumers["max"] == 1
     assert consumers["running"] == [f"{e2e.namespace}/{running[0]}"]
-
-
-def _runs_one(e2e: E2E, pod: str) -> bool:
-    states = e2e.read_pod(pod)["status"].get("containerStatuses") or []
-    return any("running" in (s.get("state") or {}) for s in states)
 
 
 def test_max_consumers_divides_the_ceiling_among_the_containers(e2e: E2E) -> None:
