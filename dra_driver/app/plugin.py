@@ -227,8 +227,6 @@ class RunningPlugin:
         paths, checked; on simulated GPUs, their device nodes and CDI hook installed."""
         opts = self.opts
         private_dir(Path(opts.state_dir))  # owner-only before anything is put in it
-        for records in (opts.mps.user_record_root, opts.mps.record_root):
-            private_dir(records)  # the hooks' records name every tenant's containers
         config = load_node_config(opts.node_config)
         lost_file = opts.sim_root / simnode.LOST_GPUS if opts.simulated else None
         source = open_source(opts.gpus, seed=opts.node_name, lost_file=lost_file)
@@ -239,6 +237,8 @@ class RunningPlugin:
             opts.driver_name, opts.plugin_dir, opts.registry_dir, opts.rolling_update_uid
         )
         check_socket_paths(paths, opts.mps, (g.index for g in state.inventory.gpus))
+        for records in (opts.mps.user_record_root, opts.mps.record_root):
+            private_dir(records)  # the hooks' records name every tenant's containers
         warn_unmatched_selectors(config, state.inventory.gpus, source=opts.node_config)
         device_root = "/"
         # A privileged container's /dev is a copy made at its start; --host-root shows the

@@ -294,7 +294,7 @@ def _mode(path: Path) -> int:
 
 def test_plugin_modes_do_not_depend_on_the_umask() -> None:
     """Started under umask 000, nothing the plugin creates is open to other local users:
-    sockets and state owner-only, CDI specs readable by the runtime (issue 10, item 11)."""
+    sockets, state and CDI specs owner-only (issue 10, item 11; issue 26, item 5)."""
     with tempfile.TemporaryDirectory(prefix="drac-") as tmp, ClaimServer() as api:
         root = Path(tmp)
         claim = cf.claim([_quarter()])
@@ -327,7 +327,7 @@ def test_plugin_modes_do_not_depend_on_the_umask() -> None:
             "checkpoint": 0o600,
             "prepare lock": 0o600,
             "CDI dir": 0o755,
-            "CDI spec": 0o644,
+            "CDI spec": 0o600,  # the runtime reads it as root; tenants learn nothing from it
         }
         sim = root / "s" / "simulated"
         assert _mode(sim / "dev" / "nvidia0") == 0o666  # the simulated node's own modes

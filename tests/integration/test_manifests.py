@@ -727,7 +727,7 @@ def test_claim_parameter_policy_reports_every_problem_at_once() -> None:
     assert v["messageExpression"] == 'variables.problems.join("; ")'
     assert v["message"] and v["reason"] == "Invalid"
     problems = next(x["expression"] for x in p["variables"] if x["name"] == "problems")
-    assert problems.count("variables.configs.") == 11  # one list per rule, caps included
+    assert problems.count("variables.configs.") == 12  # one list per rule, caps included
     assert "isQuantity(" in yaml.safe_dump(p) and "quantity(" in yaml.safe_dump(p)
 
 
