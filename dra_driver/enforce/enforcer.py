@@ -40,6 +40,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+import structlog
+
 from dra_driver.enforce.base import GpuHealth, MpsError
 from dra_driver.enforce.computemode import ComputeModes
 from dra_driver.enforce.daemon import MpsDaemon, ServiceDaemon
@@ -58,6 +60,8 @@ from dra_driver.infra.runner import Runner
 from dra_driver.model.cdi import ContainerEdits
 from dra_driver.model.plans import ClaimPlan
 from dra_driver.model.vocabulary import COMPUTE_MODES
+
+log = structlog.get_logger(__name__)
 
 __all__ = [
     "CONTAINER_PIPE_DIR",
@@ -133,7 +137,10 @@ class MpsEnforcer:
                 claim is then fully rolled back.
         """
         with self._held():
-            return self._life.apply(plan)
+            try:
+                return self._life.apply(plan)
+            finally:
+                self._declare()
 
     def enforced(self, plan: ClaimPlan) -> bool:
         """Whether ``plan`` is applied (not pending a retry) and its namespaces' pipe
@@ -157,7 +164,10 @@ class MpsEnforcer:
                 stays recorded so that a retry repeats the release.
         """
         with self._held():
-            self._life.release(claim_uid)
+            try:
+                self._life.release(claim_uid)
+            finally:
+                self._declare()
 
     def restore(self, plans: Sequence[ClaimPlan]) -> None:
         """Re-apply every prepared claim after a plugin start: remove MPS namespaces (and
@@ -167,6 +177,7 @@ class MpsEnforcer:
         """
         with self._lock:
             restore_claims(self._life, plans)
+            self._declare()
 
     # supervision ----------------------------------------------------------------------
     def check_health(self) -> dict[str, GpuHealth]:
@@ -177,7 +188,9 @@ class MpsEnforcer:
         a missing namespace re-created. Returns the health of each GPU with claims.
         """
         with self._lock:
-            return self._health.check()
+            health = self._health.check()
+            self._declare()
+            return health
 
     @property
     def daemon_restarts(self) -> int:
@@ -222,6 +235,24 @@ class MpsEnforcer:
         return self._ledger.pending
 
     # internals ------------------------------------------------------------------------
+    def _declare(self) -> None:
+        """Write each daemon's claims file: the servers and namespaces of every claim to
+        enforce (applied or pending), which the next start of the daemon creates with their
+        limits (:mod:`dra_driver.enforce.declared`). A failure is logged: the claims stay
+        enforced, only a restarted daemon would wait for the health check again."""
+        wanted = self._ledger.wanted_targets()
+        for mode, daemon in self.daemons.items():
+            try:
+                daemon.write_claims([t for t in wanted if t.mode == mode])
+            except (OSError, MpsError) as exc:
+                log.warning(
+                    "MPS claims file not written; a restarted daemon starts without the "
+                    "claims' namespaces until the health check creates them",
+                    mode=mode,
+                    claims_file=str(daemon.claims_file),
+                    error=str(exc),
+                )
+
     @contextlib.contextmanager
     def _held(self) -> Iterator[None]:
         """The enforcer's lock, waited for at most what is left of the running call's budget.

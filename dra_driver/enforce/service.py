@@ -12,8 +12,10 @@ The service:
 - probes what the node's ``nvidia-cuda-mps-control`` offers
 (:func:`dra_driver.enforce.tiers.probe_mps`);
 - runs one control daemon per compute mode in the foreground (``-p 3 -m -f -a <toml>``, the
-  same directories and start-up TOML as :class:`~dra_driver.enforce.daemon.MpsDaemon`), each a child
-  process whose stdin it holds open (EOF makes a foreground daemon quit);
+  same directories and start-up TOML as :class:`~dra_driver.enforce.daemon.MpsDaemon`, written
+  again at every start with the prepared claims' servers and namespaces that the plugin keeps in
+  ``<root>/mps/<mode>/claims.toml``, :mod:`dra_driver.enforce.declared`), each a child process
+  whose stdin it holds open (EOF makes a foreground daemon quit);
 - supervises them: a daemon that exits is started again (back-off 1 s doubling to 30 s) and a
   daemon that stops answering ``server list`` for three checks in a row is killed and started
   again; every start raises the generation;
@@ -38,7 +40,7 @@ from typing import IO, Any
 
 import structlog
 
-from dra_driver.enforce.daemon import MpsDaemon, config_toml
+from dra_driver.enforce.daemon import MpsDaemon
 from dra_driver.enforce.readiness import (
     DaemonState,
     ServiceState,
@@ -47,7 +49,7 @@ from dra_driver.enforce.readiness import (
     write_state,
 )
 from dra_driver.enforce.tiers import probe_mps
-from dra_driver.infra.atomicfile import ensure_dir, write_atomic
+from dra_driver.infra.atomicfile import ensure_dir
 from dra_driver.infra.runner import Runner, SubprocessRunner
 from dra_driver.model.vocabulary import COMPUTE_MODES
 
@@ -236,7 +238,7 @@ class MpsService:
         daemon = child.daemon
         ensure_dir(daemon.pipe_dir, 0o755)  # tenants of any UID reach their namespace below it
         ensure_dir(daemon.log_dir, 0o755)
-        write_atomic(daemon.config_file, config_toml(daemon.mode).encode(), 0o644, durable=False)
+        daemon.write_config()
         for stale in ("control", "nvidia-cuda-mps-control.pid"):
             (daemon.pipe_dir / stale).unlink(missing_ok=True)
         env = {**os.environ, **daemon.control.env, **self.opts.env}

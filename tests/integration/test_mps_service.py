@@ -33,6 +33,7 @@ NODE = "n1"
 GPUS = "simulated:H200x2"
 UID_A = "0a000000-0000-4000-8000-00000000000a"
 UID_B = "0b000000-0000-4000-8000-00000000000b"
+NS_A = "c_" + UID_A.replace("-", "_")
 
 
 @pytest.fixture
@@ -152,6 +153,46 @@ def test_the_service_outlives_its_client_and_its_daemons(root: Path) -> None:
         lambda f: f.get("state") == "connected" and f.get("server_pid") != again["server_pid"],
         15,
     )
+    assert tenant.stop() == 0
+    service.send_signal(signal.SIGTERM)
+    assert service.wait(timeout=30) == 0
+
+
+def test_a_daemon_restarted_by_the_service_serves_the_claims_namespaces_from_its_start(
+    root: Path,
+) -> None:
+    """The restarted daemon's -a file declares the claim's server and namespace with its
+    limits: they exist when the service reports the daemon ready, with no health check run,
+    and the tenant, retrying all along, never attaches without its limits."""
+    service = start_service(root)
+    first_state = wait_for("the service's daemons", lambda: ready(root), 30)
+    gpu0 = SimulatedGpuSource(GPUS, seed=NODE).discover().gpus[0]
+    plugin = enforcer(root)
+    [mount] = next(
+        iter(plugin.apply(plan(device(gpu0, 6 * GIB, 10 * GIB), uid=UID_A)).values())
+    ).mounts
+    tenant = Probe(Path(mount.host_path))
+    first = tenant.wait_line(lambda f: f.get("state") == "connected", 10)
+    assert first["pinned_memory_limit"] == "10G"
+
+    seen = len(tenant.lines)
+    daemon = read_state(state_path(root / "run/mps")).daemons["time-slicing"]
+    os.kill(daemon.pid, signal.SIGKILL)
+    wait_for(
+        "the daemon restarted by the service",
+        lambda: ready(root, generation_above=int(str(first_state["generation"]))),
+        30,
+    )
+    [row] = plugin.daemons["time-slicing"].control.namespace_list("gpu_0", NS_A)
+    assert (row.pinned_memory_limit, row.active_thread_percentage) == ("10G", "100")
+    again = tenant.wait_line(
+        lambda f: f.get("state") == "connected" and f.get("server_pid") != first["server_pid"],
+        15,
+        after=seen,
+    )
+    assert again["pinned_memory_limit"] == "10G"
+    attaches = [f for f in tenant.lines[seen:] if f.get("state") == "connected"]
+    assert {f["pinned_memory_limit"] for f in attaches} == {"10G"}, tenant.raw[seen:]
     assert tenant.stop() == 0
     service.send_signal(signal.SIGTERM)
     assert service.wait(timeout=30) == 0
