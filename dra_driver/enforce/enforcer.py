@@ -52,6 +52,7 @@ from dra_driver.enforce.ledger import Applied, Ledger
 from dra_driver.enforce.lifecycle import ClaimLifecycle
 from dra_driver.enforce.nvmlcontrol import NvmlFacade
 from dra_driver.enforce.objects import MpsObjects
+from dra_driver.enforce.outages import OutageListener
 from dra_driver.enforce.restore import restore_claims
 from dra_driver.enforce.rows import ClientRow
 from dra_driver.enforce.targets import DEFAULT_ROOT, FractionTarget, MpsOptions, targets_for_claim
@@ -185,12 +186,21 @@ class MpsEnforcer:
 
         A daemon that does not answer is restarted and every claim it served re-applied; a
         missing or failed server (shared or a claim's own) is re-created with its namespaces;
-        a missing namespace re-created. Returns the health of each GPU with claims.
+        a missing namespace re-created. Claims whose server was replaced (another PID) or whose
+        namespace directory was, are reported to the :meth:`report_outages` listener. Returns
+        the health of each GPU with claims.
         """
         with self._lock:
             health = self._health.check()
             self._declare()
             return health
+
+    def report_outages(self, listener: OutageListener) -> None:
+        """Have every :meth:`check_health` that finds claims cut off their MPS server or
+        namespace call ``listener`` with them (:mod:`dra_driver.enforce.outages`); it runs with
+        the enforcer's lock held and must return at once."""
+        with self._lock:
+            self._health.on_outages = listener
 
     @property
     def daemon_restarts(self) -> int:

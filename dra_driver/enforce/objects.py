@@ -17,6 +17,7 @@ from dra_driver.enforce.daemon import MpsDaemon
 from dra_driver.enforce.edits import namespace_pipe_dir
 from dra_driver.enforce.names import memory_arg
 from dra_driver.enforce.nvmlcontrol import NvmlError, NvmlFacade
+from dra_driver.enforce.outages import server_pid
 from dra_driver.enforce.removal import terminate_clients
 from dra_driver.enforce.rows import NamespaceRow, ServerRow
 from dra_driver.enforce.targets import FractionTarget, MpsOptions, gpus_text, namespace_drift
@@ -61,6 +62,15 @@ class MpsObjects:
         self.nvml = nvml
         self.modes = modes
         self.sleep = sleep
+        self._pids: dict[tuple[str, str], int | None] = {}
+        self.created: set[tuple[str, str, str]] = set()
+        """``(mode, server, namespace)`` of each namespace :meth:`ensure_namespace` created
+        (its owner clears it when it wants to know which a call created)."""
+
+    def server_pid(self, mode: str, name: str) -> int | None:
+        """The PID of server ``name`` of ``mode``'s daemon when :meth:`ensure_server` last saw
+        it (None: not seen, or ``server list`` shows no PID)."""
+        return self._pids.get((mode, name))
 
     def servers(self) -> Iterator[tuple[str, MpsDaemon, ServerRow]]:
         """``(mode, daemon, server row)`` of every server of every daemon that answers
@@ -99,6 +109,7 @@ class MpsObjects:
         ctl = daemon.control
         row = _row(ctl, name)
         if row is not None and server_ok(row, gpus):
+            self._pids[(daemon.mode, name)] = server_pid(row.pid)
             return
         if row is not None:
             log.warning(
@@ -153,6 +164,7 @@ class MpsObjects:
                     + (f"; server.log: {tail}" if tail else "")
                 )
             status = row.status
+            self._pids[(daemon.mode, name)] = server_pid(row.pid)
             if status.lower() == _READY:
                 return
         log.warning(
@@ -178,6 +190,7 @@ class MpsObjects:
         row = next((r for r in ctl.namespace_list(srv) if r.name == ns), None)
         if row is None:
             ctl.namespace_create(ns, srv)
+            self.created.add((daemon.mode, srv, ns))
             row = self.first_limits(ctl, t)
         else:
             drift = namespace_drift(row, t)
