@@ -24,7 +24,6 @@ write is logged with that hint and counted; Prepare is never failed by it.
 
 from __future__ import annotations
 
-import copy
 import json
 import queue
 import threading
@@ -40,6 +39,7 @@ from urllib3 import Timeout
 from urllib3.exceptions import HTTPError
 
 from dra_driver.enforce.tiers import EnforcementReport
+from dra_driver.infra.kubeconfig import single_try
 from dra_driver.infra.metrics import Metrics
 from dra_driver.model.plans import ClaimPlan
 from dra_driver.model.vocabulary import Tier
@@ -106,10 +106,7 @@ class ApiClaimStatus:
     the configuration with urllib3 retries off; the writer retries itself)."""
 
     def __init__(self, api_client: ApiClient) -> None:
-        config = copy.deepcopy(api_client.configuration)
-        config.retries = False
-        config.client_go_retries = False
-        self._client = ApiClient(config)
+        self._client = single_try(api_client)
         self._api = ResourceV1Api(self._client)
 
     def read(self, namespace: str, name: str, timeout: float) -> Mapping[str, Any]:
