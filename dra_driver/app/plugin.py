@@ -34,7 +34,10 @@ from dra_driver.infra.runner import SubprocessRunner
 from dra_driver.kubelet.server import PluginServer, SocketPaths
 from dra_driver.model.plans import ClaimPlan
 from dra_driver.observe.accounting import UsageSource, register_accounting
+from dra_driver.observe.claimstatus import ClientsCondition
 from dra_driver.observe.claimstatuswriter import ClaimStatusWriter
+from dra_driver.observe.mpsoutages import MpsOutageReport, recorded_before
+from dra_driver.observe.podevents import PodEvents
 from dra_driver.observe.rootclients import RootClientWatch
 from dra_driver.observe.usage import MpsUsageSource
 from dra_driver.prepare.checkpoint import read_boot_id
@@ -98,6 +101,21 @@ def watch_root_clients(
             watch.check(preparation.prepared_plans())
         except Exception:  # keep watching whatever happens
             log.exception("root client check failed")
+
+
+def watch_outages(
+    report: MpsOutageReport,
+    preparation: ClaimPreparation,
+    stop: threading.Event,
+    interval: float = 5.0,
+) -> None:
+    """Re-evaluate the ``MpsClientsConnected`` condition of claims that had an MPS outage every
+    ``interval`` seconds until ``stop`` is set (:mod:`dra_driver.observe.mpsoutages`)."""
+    while not stop.wait(interval):
+        try:
+            report.check(preparation.prepared_plans())
+        except Exception:  # keep watching whatever happens
+            log.exception("MPS outage check failed")
 
 
 def make_enforcer(
@@ -257,11 +275,13 @@ class RunningPlugin:
         api: k8s.ApiClient,
         metrics: Metrics,
     ) -> ClaimPreparation:
-        """The claim status writer, Prepare/Unprepare, the kubelet's gRPC services and the
-        root client watch, started; returns the ClaimPreparation."""
+        """The claim status writer, Prepare/Unprepare, the kubelet's gRPC services, the root
+        client watch and the MPS outage report (events, condition, metric), started; returns
+        the ClaimPreparation."""
         opts = node.opts
         on_prepared = None
         on_root: Callable[[ClaimPlan, list[str]], None] | None = None
+        on_clients: Callable[[ClaimPlan, ClientsCondition], None] | None = None
         if opts.claim_device_status:
             writer = ClaimStatusWriter.of(
                 api,
@@ -272,7 +292,7 @@ class RunningPlugin:
                 opts.mps.default_active_thread_percentage,
             )
             self._thread("claim-status", writer.run, self.stop)
-            on_prepared, on_root = writer.submit, writer.flag_root
+            on_prepared, on_root, on_clients = writer.submit, writer.flag_root, writer.flag_clients
         preparation = ClaimPreparation(
             driver_name=opts.driver_name,
             pool=opts.node_name,
@@ -297,6 +317,13 @@ class RunningPlugin:
         server.start()
         watch = RootClientWatch(Path(opts.mps.user_record_root), on_root)
         self._thread("root-clients", watch_root_clients, watch, preparation, self.stop)
+        if isinstance(enforcer, MpsEnforcer):
+            events = PodEvents.of(api, opts.driver_name, opts.node_name)
+            self._thread("pod-events", events.run, self.stop)
+            stale = recorded_before(Path(opts.mps.user_record_root))
+            outages = MpsOutageReport(events, metrics, stale, on_clients)
+            enforcer.report_outages(outages.report)
+            self._thread("mps-outages", watch_outages, outages, preparation, self.stop)
         return preparation
 
     def _publish(

@@ -19,6 +19,10 @@ class Metrics:
         ``dra_gpu_fraction_claim_status_writes_total{result}``: claims whose device status
             the plugin handled after Prepare, by result (``written``, ``unchanged``,
             ``skipped``: claim gone, re-created or not allocated on this node, ``failed``).
+        ``dra_gpu_fraction_mps_server_restarts_total{gpu,mode}``: MPS servers of prepared
+            claims found replaced (a new PID: the server failed and was re-created, or its
+            control daemon was restarted), per GPU UUID of the server and compute mode; their
+            running clients lost their connection.
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -47,6 +51,13 @@ class Metrics:
             "Claims whose status.devices the plugin handled, by result (written, unchanged,"
             " skipped, failed)",
             ["result"],
+            registry=self.registry,
+        )
+        self.mps_server_restarts = Counter(
+            "dra_gpu_fraction_mps_server_restarts",
+            "MPS servers of prepared claims found replaced (their clients lost their"
+            " connection), by GPU UUID and compute mode",
+            ["gpu", "mode"],
             registry=self.registry,
         )
         self.duration = Histogram(

@@ -18,7 +18,11 @@ is enforced. Each entry::
 
 ``FractionEnforced`` is ``True`` only for the ``hard`` tier (the memory ceiling is enforced by
 the driver for every process of the claim); ``cooperative`` and ``none`` are ``False`` with a
-reason and a message saying what holds instead (see ``docs/what-you-get.md``).
+reason and a message saying what holds instead (see ``docs/what-you-get.md``). An MPS device
+also gets ``NonRootClients=False`` once a container of the claim runs as root, and
+``MpsClientsConnected`` once its MPS server was restarted or its namespace re-created
+(:mod:`dra_driver.observe.mpsoutages`): ``False`` while containers that ran before are still
+running (they lost their MPS connection), ``True`` again once they were all restarted.
 
 The entries go into the claim as read (:func:`with_entries`): other drivers' entries of the
 same claim are left alone (the list is a map keyed by driver, pool, device and share ID).
@@ -41,6 +45,26 @@ CONDITION_TYPE = "FractionEnforced"
 ROOT_CONDITION_TYPE = "NonRootClients"
 """The condition an MPS device's entry gets, False, once a container of the claim runs as root
 (:mod:`dra_driver.observe.rootclients`)."""
+
+CLIENTS_CONDITION_TYPE = "MpsClientsConnected"
+"""The condition an MPS device's entry gets once the claim's MPS server or namespace was
+replaced (:mod:`dra_driver.observe.mpsoutages`)."""
+
+
+class ClientsCondition(NamedTuple):
+    """The ``MpsClientsConnected`` condition of a claim's MPS devices.
+
+    Attributes:
+        connected: ``True`` once no container that ran before the outage is left.
+        reason: CamelCase, e.g. ``MpsServerRestarted`` or ``ClientsReconnected``.
+        message: one paragraph for the user.
+        since: ``lastTransitionTime`` (RFC 3339).
+    """
+
+    connected: bool
+    reason: str
+    message: str
+    since: str
 
 
 class Enforcement(NamedTuple):
@@ -134,6 +158,7 @@ def device_status(
     now: str,
     default_percentage: int,
     runs_as_root: bool = False,
+    clients: ClientsCondition | None = None,
 ) -> dict[str, Any]:
     """The ``status.devices[]`` entry of one planned device (API JSON, camelCase).
 
@@ -145,6 +170,7 @@ def device_status(
         default_percentage: active thread percentage of sm-sharing claims that set none.
         runs_as_root: a container of the claim runs as root; an MPS device (tier hard or
             cooperative) then also gets :func:`root_condition`.
+        clients: the claim's ``MpsClientsConnected`` condition, on an MPS device (None: none).
     """
     if plan.admin_access:
         return _admin_status(plan, driver, now)
@@ -179,6 +205,16 @@ def device_status(
     ]
     if runs_as_root and tier != Tier.NONE:
         entry["conditions"].append(root_condition(plan, now))
+    if clients is not None and tier != Tier.NONE:
+        entry["conditions"].append(
+            {
+                "type": CLIENTS_CONDITION_TYPE,
+                "status": "True" if clients.connected else "False",
+                "reason": clients.reason,
+                "message": clients.message,
+                "lastTransitionTime": clients.since,
+            }
+        )
     return entry
 
 
@@ -214,9 +250,10 @@ def device_entries(
     now: str,
     default_percentage: int = 100,
     runs_as_root: bool = False,
+    clients: ClientsCondition | None = None,
 ) -> list[dict[str, Any]]:
     """One :func:`device_status` entry per planned device. ``enforcement``: by GPU UUID
-    (missing: :data:`NOT_ENFORCED`); ``default_percentage``, ``runs_as_root``: see
+    (missing: :data:`NOT_ENFORCED`); ``default_percentage``, ``runs_as_root``, ``clients``: see
     :func:`device_status`."""
     return [
         device_status(
@@ -226,6 +263,7 @@ def device_entries(
             now,
             default_percentage,
             runs_as_root,
+            clients,
         )
         for d in plan.devices
     ]

@@ -44,6 +44,7 @@ from dra_driver.infra.metrics import Metrics
 from dra_driver.model.plans import ClaimPlan
 from dra_driver.model.vocabulary import Tier
 from dra_driver.observe.claimstatus import (
+    ClientsCondition,
     Enforcement,
     allocated_node,
     already_written,
@@ -220,6 +221,7 @@ class ClaimStatusWriter:
         self.default_percentage = default_percentage
         self._queue: queue.Queue[ClaimPlan] = queue.Queue()
         self._root: set[str] = set()
+        self._clients: dict[str, ClientsCondition] = {}
 
     @classmethod
     def of(
@@ -247,6 +249,13 @@ class ClaimStatusWriter:
         """A container of ``plan``'s claim runs as root (:mod:`dra_driver.observe.rootclients`):
         write its status again with the ``NonRootClients=False`` condition (returns at once)."""
         self._root.add(plan.claim.uid)
+        self._queue.put(plan)
+
+    def flag_clients(self, plan: ClaimPlan, condition: ClientsCondition) -> None:
+        """``plan``'s claim has a new ``MpsClientsConnected`` condition
+        (:mod:`dra_driver.observe.mpsoutages`): write its status again with it (returns at
+        once)."""
+        self._clients[plan.claim.uid] = condition
         self._queue.put(plan)
 
     def run(self, stop: threading.Event) -> None:
@@ -322,6 +331,7 @@ class ClaimStatusWriter:
             self.now(),
             self.default_percentage,
             runs_as_root=ref.uid in self._root,
+            clients=self._clients.get(ref.uid),
         )
         if already_written(claim, entries):
             return "unchanged"
