@@ -27,12 +27,13 @@ from collections.abc import Iterable
 
 from dra_driver.enforce.names import memory_arg
 from dra_driver.enforce.targets import FractionTarget
+from dra_driver.model.errors import DriverError
 
 CLAIMS_FILE = "claims.toml"
 """Name of the claims' part of a daemon's ``-a`` file, in ``<root>/mps/<mode>/``."""
 
 
-class DeclaredError(ValueError):
+class DeclaredError(DriverError, ValueError):
     """A claims file that is not the servers part of an ``-a`` file; the message says why."""
 
 

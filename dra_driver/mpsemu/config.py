@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dra_driver.model.errors import DriverError
 from dra_driver.mpsemu.limits import apply_limits, valid_name
 from dra_driver.mpsemu.model import DEFAULT_NAMESPACE, Namespace
 
@@ -43,7 +44,7 @@ LIMIT_OPTIONS = ("pinned_memory_limit", "active_thread_percentage", "client_prio
 """Keys that are limits, given to ``namespace set`` / ``server set`` as options."""
 
 
-class ConfigError(ValueError):
+class ConfigError(DriverError, ValueError):
     """The file declares something the daemon does not accept; the message says what."""
 
 
