@@ -229,7 +229,7 @@ def test_a_fatal_fault_of_one_gpus_server_leaves_other_gpus_alone(root: Path) ->
     on0.wait_line(lambda f: f.get("state") == "lost", 10, after=seen0)
     started = time.monotonic()
     plugin.apply(plan(device(gpu1, 4 * GIB), uid=UID_C))
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 10  # ~1 s; 2 shared cores under load take longer
     wait_for("two more lines of GPU 1's tenant", lambda: len(on1.lines) >= seen1 + 2, 10)
     assert {f.get("server_pid") for f in on1.lines[seen1:]} == {first1["server_pid"]}
     assert {f.get("state") for f in on1.lines[seen1:]} == {"same"}
@@ -239,8 +239,20 @@ def test_a_fatal_fault_of_one_gpus_server_leaves_other_gpus_alone(root: Path) ->
     [outage] = reported
     assert (outage.claim.uid, outage.reason, outage.server) == (UID_A, SERVER_RESTARTED, "gpu_0")
     assert outage.old_pid == int(first0["server_pid"]) and outage.new_pid != outage.old_pid
-    again = on0.wait_line(lambda f: f.get("state") == "connected", 15, after=seen0)
-    assert (again["server_pid"], again["pinned_memory_limit"]) == (str(outage.new_pid), "8G")
+    # the health check re-created the server with "server create" and the namespace with
+    # "namespace create" + "namespace set" (no daemon restart, so no -a file): a tenant that
+    # attached in between is ended by the enforcer (objects.py, first_limits) and attaches again
+    again = on0.wait_line(
+        lambda f: f.get("state") == "connected" and f.get("pinned_memory_limit") == "8G",
+        15,
+        after=seen0,
+    )
+    assert again["server_pid"] == str(outage.new_pid)
+    lines = on0.lines[seen0:]
+    end = lines.index(again)
+    for i, early in enumerate(lines[:end]):
+        if early.get("state") == "connected":
+            assert any(x.get("state") in ("terminated", "lost") for x in lines[i + 1 : end])
     assert on0.stop() == 0 and on1.stop() == 0
     service.send_signal(signal.SIGTERM)
     assert service.wait(timeout=30) == 0
