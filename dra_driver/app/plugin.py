@@ -34,8 +34,11 @@ from dra_driver.infra.runner import SubprocessRunner
 from dra_driver.kubelet.server import PluginServer, SocketPaths
 from dra_driver.model.plans import ClaimPlan
 from dra_driver.observe.accounting import UsageSource, register_accounting
+from dra_driver.observe.claimstatus import ClientsCondition
 from dra_driver.observe.claimstatuswriter import ClaimStatusWriter
 from dra_driver.observe.consumers import ClaimConsumers, ConsumerWatch
+from dra_driver.observe.mpsoutages import MpsOutageReport, event_on_terminations
+from dra_driver.observe.podevents import PodEvents
 from dra_driver.observe.usage import MpsUsageSource
 from dra_driver.prepare.checkpoint import read_boot_id
 from dra_driver.prepare.claims import ApiClaimReader
@@ -98,6 +101,21 @@ def watch_consumers(
             watch.check(preparation.prepared_plans())
         except Exception:  # keep watching whatever happens
             log.exception("consumer check failed")
+
+
+def watch_outages(
+    report: MpsOutageReport,
+    preparation: ClaimPreparation,
+    stop: threading.Event,
+    interval: float = 5.0,
+) -> None:
+    """Re-evaluate the ``MpsClientsConnected`` condition of claims that had an MPS outage every
+    ``interval`` seconds until ``stop`` is set (:mod:`dra_driver.observe.mpsoutages`)."""
+    while not stop.wait(interval):
+        try:
+            report.check(preparation.prepared_plans())
+        except Exception:  # keep watching whatever happens
+            log.exception("MPS outage check failed")
 
 
 def make_enforcer(
@@ -261,11 +279,13 @@ class RunningPlugin:
         api: k8s.ApiClient,
         metrics: Metrics,
     ) -> ClaimPreparation:
-        """The claim status writer, Prepare/Unprepare, the kubelet's gRPC services and the
-        consumer watch, started; returns the ClaimPreparation."""
+        """The claim status writer, Prepare/Unprepare, the kubelet's gRPC services, the
+        consumer watch and the MPS outage report (events, condition, metric), started; returns
+        the ClaimPreparation."""
         opts = node.opts
         on_prepared = None
         on_consumers: Callable[[ClaimPlan, ClaimConsumers], None] | None = None
+        on_clients: Callable[[ClaimPlan, ClientsCondition], None] | None = None
         if opts.claim_device_status:
             writer = ClaimStatusWriter.of(
                 api,
@@ -276,7 +296,11 @@ class RunningPlugin:
                 opts.mps.default_active_thread_percentage,
             )
             self._thread("claim-status", writer.run, self.stop)
-            on_prepared, on_consumers = writer.submit, writer.observe
+            on_prepared, on_consumers, on_clients = (
+                writer.submit,
+                writer.observe,
+                writer.flag_clients,
+            )
         preparation = ClaimPreparation(
             driver_name=opts.driver_name,
             pool=opts.node_name,
@@ -301,6 +325,13 @@ class RunningPlugin:
         server.start()
         watch = ConsumerWatch(Path(opts.mps.user_record_root), on_consumers)
         self._thread("consumers", watch_consumers, watch, preparation, self.stop)
+        if isinstance(enforcer, MpsEnforcer):
+            events = PodEvents.of(api, opts.driver_name, opts.node_name)
+            self._thread("pod-events", events.run, self.stop)
+            outages = MpsOutageReport(events, metrics, watch.running_before, on_clients)
+            enforcer.report_outages(outages.report)
+            enforcer.report_terminations(event_on_terminations(events))
+            self._thread("mps-outages", watch_outages, outages, preparation, self.stop)
         return preparation
 
     def _publish(

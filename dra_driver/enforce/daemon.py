@@ -11,7 +11,10 @@ The enforcer runs one daemon per compute mode that has claims on the node (so at
   concurrently.
 
 The TOML is applied once at start-up (NVIDIA MPS docs, "MPS v3 Configuration File"), hence
-one daemon per mode rather than one per node. Both have ``memacct`` on (the default).
+one daemon per mode rather than one per node. Both have ``memacct`` on (the default). Every
+start appends the prepared claims' servers and namespaces, which the enforcer keeps in
+``<root>/<mode>/claims.toml`` (:mod:`dra_driver.enforce.declared`), so that a restarted daemon
+serves them with their limits from its start.
 Directories: ``<root>/<mode>/pipe`` (the ``CUDA_MPS_PIPE_DIRECTORY``; node-local, as it holds
 the sockets) and ``<root>/<mode>/log``.
 """
@@ -20,15 +23,17 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import structlog
 
 from dra_driver.enforce.base import MpsError
 from dra_driver.enforce.control import MpsCommandError, MpsControl, MpsTimeout
+from dra_driver.enforce.declared import CLAIMS_FILE, DeclaredError, claims_toml, merged_config
 from dra_driver.enforce.names import CONTROL_BINARY, CONTROL_SOCKET, PIPE_DIR_MODE, daemon_pipe_dir
 from dra_driver.enforce.readiness import ReadinessError, read_state, state_path
+from dra_driver.enforce.targets import FractionTarget
 from dra_driver.infra import budget
 from dra_driver.infra.atomicfile import owner_only, private_dir, write_atomic
 from dra_driver.infra.runner import Runner
@@ -88,6 +93,7 @@ class MpsDaemon:
         self.pipe_dir = daemon_pipe_dir(root, mode)
         self.log_dir = self.dir / "log"
         self.config_file = self.dir / "mps.toml"
+        self.claims_file = self.dir / CLAIMS_FILE
         self.control = MpsControl(runner, self.pipe_dir, self.log_dir, binary, timeout)
         self.start_checks = start_checks
         self.check_interval = check_interval
@@ -107,7 +113,7 @@ class MpsDaemon:
         owner-only, stale files of a crashed daemon removed."""
         private_dir(self.pipe_dir, PIPE_DIR_MODE)
         private_dir(self.log_dir, 0o700)
-        write_atomic(self.config_file, config_toml(self.mode).encode(), 0o600, durable=False)
+        self.write_config()
         for stale in (CONTROL_SOCKET, "nvidia-cuda-mps-control.pid"):
             (self.pipe_dir / stale).unlink(missing_ok=True)
 
@@ -161,6 +167,49 @@ class MpsDaemon:
             f"MPS control daemon ({self.mode}) did not answer after starting; "
             f"see {self.log_dir / 'control.log'}"
         )
+
+    def write_claims(self, targets: Sequence[FractionTarget]) -> bool:
+        """Write the servers and namespaces of ``targets`` (this mode's MPS targets of every
+        claim to enforce) into :attr:`claims_file` atomically, unless it says that already;
+        True when written.
+
+        Raises:
+            OSError: the file cannot be written.
+            MpsError: a limit below 1 MiB.
+        """
+        text = claims_toml(targets).encode()
+        try:
+            if self.claims_file.read_bytes() == text:
+                return False
+        except FileNotFoundError:
+            pass
+        private_dir(self.dir, PIPE_DIR_MODE)
+        write_atomic(self.claims_file, text, 0o600, durable=False)
+        return True
+
+    def write_config(self) -> None:
+        """Write :attr:`config_file`, the ``-a`` file of a daemon start: :func:`config_toml`
+        with the claims' servers and namespaces of :attr:`claims_file` (left out, with an
+        error logged, when that file cannot be read or is not a servers part).
+
+        Raises:
+            OSError: the file cannot be written.
+        """
+        base = config_toml(self.mode)
+        try:
+            text = merged_config(base, self.claims_file.read_text())
+        except FileNotFoundError:
+            text = base
+        except (OSError, UnicodeDecodeError, DeclaredError) as exc:
+            log.error(
+                "prepared claims not declared to the MPS control daemon: it starts without "
+                "their servers and namespaces (the plugin's health check creates them)",
+                mode=self.mode,
+                claims_file=str(self.claims_file),
+                error=str(exc),
+            )
+            text = base
+        write_atomic(self.config_file, text.encode(), 0o600, durable=False)
 
     def stop(self) -> None:
         """Quit the daemon (and its servers) and remove its pipe directory; logs are kept.

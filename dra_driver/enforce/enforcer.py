@@ -40,8 +40,10 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+import structlog
+
 from dra_driver.enforce.base import ClientTermination, GpuHealth, MpsError
-from dra_driver.enforce.clientguard import ClientGuard, ClientsTerminated, ignore_terminations
+from dra_driver.enforce.clientguard import ClientGuard, ClientsTerminated
 from dra_driver.enforce.computemode import ComputeModes
 from dra_driver.enforce.daemon import MpsDaemon, ServiceDaemon
 from dra_driver.enforce.edits import CONTAINER_PIPE_DIR, target_edits
@@ -51,6 +53,7 @@ from dra_driver.enforce.ledger import Applied, Ledger
 from dra_driver.enforce.lifecycle import ClaimLifecycle
 from dra_driver.enforce.nvmlcontrol import NvmlFacade
 from dra_driver.enforce.objects import MpsObjects
+from dra_driver.enforce.outages import OutageListener
 from dra_driver.enforce.restore import restore_claims
 from dra_driver.enforce.rows import ClientRow
 from dra_driver.enforce.targets import DEFAULT_ROOT, FractionTarget, MpsOptions, targets_for_claim
@@ -59,6 +62,8 @@ from dra_driver.infra.runner import Runner
 from dra_driver.model.cdi import ContainerEdits
 from dra_driver.model.plans import ClaimPlan
 from dra_driver.model.vocabulary import COMPUTE_MODES
+
+log = structlog.get_logger(__name__)
 
 __all__ = [
     "CONTAINER_PIPE_DIR",
@@ -85,9 +90,6 @@ class MpsEnforcer:
         runner: runs ``nvidia-cuda-mps-control``.
         options: paths and defaults.
         sleep: injectable ``time.sleep``.
-        on_clients_terminated: called by :meth:`check_clients` for each claim namespace whose
-            clients beyond its cap were terminated, as ``(claim, gpu_uuid, pids, cap)``
-            (default: nothing; its exceptions are logged).
     """
 
     def __init__(
@@ -97,7 +99,6 @@ class MpsEnforcer:
         runner: Runner,
         options: MpsOptions | None = None,
         sleep: Callable[[float], None] = time.sleep,
-        on_clients_terminated: ClientsTerminated = ignore_terminations,
     ) -> None:
         self.options = options or MpsOptions()
         opts = self.options
@@ -128,7 +129,7 @@ class MpsEnforcer:
             self.tiers, opts, self._ledger, self._objects, self._modes, self.janitor
         )
         self._health = HealthRepair(self._life)
-        self._guard = ClientGuard(self.daemons, on_clients_terminated)
+        self._guard = ClientGuard(self.daemons)
 
     # FractionEnforcer -----------------------------------------------------------------
     def apply(self, plan: ClaimPlan) -> Mapping[str, ContainerEdits]:
@@ -139,7 +140,10 @@ class MpsEnforcer:
                 claim is then fully rolled back.
         """
         with self._held():
-            return self._life.apply(plan)
+            try:
+                return self._life.apply(plan)
+            finally:
+                self._declare()
 
     def enforced(self, plan: ClaimPlan) -> bool:
         """Whether ``plan`` is applied (not pending a retry) and its namespaces' pipe
@@ -163,7 +167,10 @@ class MpsEnforcer:
                 stays recorded so that a retry repeats the release.
         """
         with self._held():
-            self._life.release(claim_uid)
+            try:
+                self._life.release(claim_uid)
+            finally:
+                self._declare()
 
     def restore(self, plans: Sequence[ClaimPlan]) -> None:
         """Re-apply every prepared claim after a plugin start: remove MPS namespaces (and
@@ -173,6 +180,7 @@ class MpsEnforcer:
         """
         with self._lock:
             restore_claims(self._life, plans)
+            self._declare()
 
     # supervision ----------------------------------------------------------------------
     def check_health(self) -> dict[str, GpuHealth]:
@@ -180,10 +188,27 @@ class MpsEnforcer:
 
         A daemon that does not answer is restarted and every claim it served re-applied; a
         missing or failed server (shared or a claim's own) is re-created with its namespaces;
-        a missing namespace re-created. Returns the health of each GPU with claims.
+        a missing namespace re-created. Claims whose server was replaced (another PID) or whose
+        namespace directory was, are reported to the :meth:`report_outages` listener. Returns
+        the health of each GPU with claims.
         """
         with self._lock:
-            return self._health.check()
+            health = self._health.check()
+            self._declare()
+            return health
+
+    def report_outages(self, listener: OutageListener) -> None:
+        """Have every :meth:`check_health` that finds claims cut off their MPS server or
+        namespace call ``listener`` with them (:mod:`dra_driver.enforce.outages`); it runs with
+        the enforcer's lock held and must return at once."""
+        with self._lock:
+            self._health.on_outages = listener
+
+    def report_terminations(self, listener: ClientsTerminated) -> None:
+        """Have :meth:`check_clients` call ``listener`` for each claim namespace whose clients
+        beyond its cap it terminated, as ``(claim, gpu_uuid, pids, cap)``, outside the lock;
+        its exceptions are logged."""
+        self._guard.on_terminated = listener
 
     def check_clients(self) -> list[ClientTermination]:
         """Terminate each claim's MPS clients beyond its cap (newest first; the cap is the
@@ -244,6 +269,24 @@ class MpsEnforcer:
         return self._ledger.pending
 
     # internals ------------------------------------------------------------------------
+    def _declare(self) -> None:
+        """Write each daemon's claims file: the servers and namespaces of every claim to
+        enforce (applied or pending), which the next start of the daemon creates with their
+        limits (:mod:`dra_driver.enforce.declared`). A failure is logged: the claims stay
+        enforced, only a restarted daemon would wait for the health check again."""
+        wanted = self._ledger.wanted_targets()
+        for mode, daemon in self.daemons.items():
+            try:
+                daemon.write_claims([t for t in wanted if t.mode == mode])
+            except (OSError, MpsError) as exc:
+                log.warning(
+                    "MPS claims file not written; a restarted daemon starts without the "
+                    "claims' namespaces until the health check creates them",
+                    mode=mode,
+                    claims_file=str(daemon.claims_file),
+                    error=str(exc),
+                )
+
     @contextlib.contextmanager
     def _held(self) -> Iterator[None]:
         """The enforcer's lock, waited for at most what is left of the running call's budget.

@@ -1,15 +1,24 @@
 """Health check and repair of MPS enforcement: pending claims retried, every daemon, server and
-namespace that claims need checked and re-created when gone, and each GPU's health reported."""
+namespace that claims need checked and re-created when gone, each GPU's health reported, and
+each claim whose running containers lost their server or namespace reported as an outage
+(:mod:`dra_driver.enforce.outages`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import structlog
 
 from dra_driver.enforce.base import GpuHealth, MpsError
 from dra_driver.enforce.lifecycle import ClaimLifecycle
 from dra_driver.enforce.objects import EFFECT_ERRORS
+from dra_driver.enforce.outages import (
+    NAMESPACE_RECREATED,
+    SERVER_RESTARTED,
+    MpsOutage,
+    OutageListener,
+)
 from dra_driver.enforce.targets import FractionTarget
 from dra_driver.model.vocabulary import Tier
 
@@ -25,12 +34,19 @@ class HealthRepair:
         daemon_restarts: control daemons found not answering (and restarted) so far.
         service_down: the MPS node service was not ready at the last check (every daemon
             has a :meth:`~dra_driver.enforce.daemon.MpsDaemon.service_problem`).
+        on_outages: receives the outages each check finds (None: they are only logged).
+
+    Args:
+        life: the claims and their MPS objects.
+        clock: ``time.time``, the time of an outage.
     """
 
-    def __init__(self, life: ClaimLifecycle) -> None:
+    def __init__(self, life: ClaimLifecycle, clock: Callable[[], float] = time.time) -> None:
         self.life = life
+        self.clock = clock
         self.daemon_restarts = 0
         self.service_down = False
+        self.on_outages: OutageListener | None = None
 
     def check(self) -> dict[str, GpuHealth]:
         """Retry pending claims, then check every daemon, server and namespace that applied
@@ -38,10 +54,14 @@ class HealthRepair:
 
         A daemon that does not answer is restarted and every claim it served re-applied; a
         missing or failed server (shared or a claim's own) is re-created with its namespaces;
-        a missing namespace re-created. Returns GPU UUID -> health, for each GPU with claims.
+        a missing namespace re-created. A claim whose server now has another PID, or whose
+        namespace directory is another one, is reported to :attr:`on_outages` (a listener
+        that raises is logged). Returns GPU UUID -> health, for each GPU with claims.
         """
         self._retry_pending()
         health: dict[str, GpuHealth] = {}
+        outages: list[MpsOutage] = []
+        self.life.objects.created.clear()
         daemons = self.life.objects.daemons
         problems = {m: d.service_problem() for m, d in daemons.items()}
         if daemons and all(problems.values()):
@@ -64,7 +84,7 @@ class HealthRepair:
                     claims=sorted({t.claim.uid for t in targets}),
                     service_problem=problems[mode],
                 )
-            self._repair(targets, health)
+            self._repair(targets, health, outages)
         down = bool(daemons) and all(problems.values())
         if down != self.service_down:
             self.service_down = down
@@ -73,6 +93,11 @@ class HealthRepair:
             else:
                 log.info("MPS service ready again; claims re-applied where needed")
         self.life.reset_compute_modes()  # retry restores that failed while the plugin runs
+        if outages and self.on_outages is not None:
+            try:
+                self.on_outages(outages)
+            except Exception:  # reporting must never stop the supervision
+                log.exception("MPS outage report failed", claims=[o.claim.uid for o in outages])
         return health
 
     def _retry_pending(self) -> None:
@@ -82,9 +107,15 @@ class HealthRepair:
             except MpsError as exc:
                 log.warning("pending claim still not restored", claim_uid=uid, error=str(exc))
 
-    def _repair(self, targets: Sequence[FractionTarget], health: dict[str, GpuHealth]) -> None:
+    def _repair(
+        self,
+        targets: Sequence[FractionTarget],
+        health: dict[str, GpuHealth],
+        outages: list[MpsOutage],
+    ) -> None:
         """Ensure each ``(server, namespace)`` of ``targets`` once; record each target's GPU
-        in ``health`` (a failure makes the GPU unhealthy whatever its other targets say)."""
+        in ``health`` (a failure makes the GPU unhealthy whatever its other targets say) and
+        each claim cut off its server or namespace in ``outages``."""
         done: dict[tuple[str, str], str | Exception] = {}
         for t in targets:
             bound = log.bind(**t.log_fields)
@@ -99,18 +130,51 @@ class HealthRepair:
             if isinstance(result, Exception):
                 health[t.gpu.uuid] = GpuHealth(t.gpu.uuid, False, str(result))
                 continue
-            self._note_pipe(t, result, bound)
+            self._note_identity(t, result, bound, outages)
             health.setdefault(t.gpu.uuid, GpuHealth(t.gpu.uuid, True))
 
-    def _note_pipe(
-        self, t: FractionTarget, pipe: str, bound: structlog.typing.FilteringBoundLogger
+    def _note_identity(
+        self,
+        t: FractionTarget,
+        pipe: str,
+        bound: structlog.typing.FilteringBoundLogger,
+        outages: list[MpsOutage],
     ) -> None:
+        """Record the server PID and pipe directory ``t``'s claim has now; when either is
+        another than before, or this check created the namespace, add the claim's outage
+        (once per claim and server)."""
         applied = self.life.ledger.claims.get(t.claim.uid)
         if applied is None:
             return
-        if applied.record_pipe(t.gpu.uuid, pipe):
-            bound.warning(
-                "claim's MPS pipe directory was re-created; running containers still see the "
-                "old one and must be restarted to reach MPS",
-                pipe_dir=pipe,
-            )
+        new_pid = self.life.objects.server_pid(t.mode, t.server)
+        old_pid = applied.record_server(t.gpu.uuid, new_pid)
+        recreated = applied.record_pipe(t.gpu.uuid, pipe) or (
+            (t.mode, t.server, t.namespace) in self.life.objects.created
+        )
+        if old_pid is None and not recreated:
+            return
+        if any(o.claim.uid == t.claim.uid and o.server == t.server for o in outages):
+            return  # a multi-GPU claim's server: one outage for all its GPUs
+        outage = MpsOutage(
+            claim=t.claim,
+            reason=SERVER_RESTARTED if old_pid is not None else NAMESPACE_RECREATED,
+            mode=t.mode,
+            server=t.server,
+            namespace=t.namespace,
+            gpus=tuple((g.index, g.uuid) for g in t.server_gpus),
+            old_pid=old_pid,
+            new_pid=new_pid,
+            at=self.clock(),
+        )
+        outages.append(outage)
+        bound.warning(
+            "claim's MPS server or namespace was replaced; its running containers lost their "
+            "MPS connection and must be restarted to reconnect",
+            reason=outage.reason,
+            mode=t.mode,
+            mps_server=t.server,
+            mps_namespace=t.namespace,
+            old_server_pid=old_pid,
+            new_server_pid=new_pid,
+            pipe_dir=pipe,
+        )

@@ -15,12 +15,24 @@ from dra_driver.model.plans import ClaimPlan
 @dataclass
 class Applied:
     """One applied claim: its plan, its targets, and per GPU UUID the pipe directory of its
-    namespace with that directory's ``(st_dev, st_ino)`` when recorded."""
+    namespace with that directory's ``(st_dev, st_ino)`` when recorded, and the PID of its
+    server as last seen (when ``server list`` shows one)."""
 
     plan: ClaimPlan
     targets: tuple[FractionTarget, ...]
     pipes: dict[str, str] = field(default_factory=dict)
     inodes: dict[str, tuple[int, int]] = field(default_factory=dict)
+    server_pids: dict[str, int] = field(default_factory=dict)
+
+    def record_server(self, gpu_uuid: str, pid: int | None) -> int | None:
+        """Record ``pid`` as the PID of the GPU's server (None: unknown, nothing recorded);
+        returns the PID it replaces when that was another one (the server was restarted: its
+        clients lost their connection), else None."""
+        if pid is None:
+            return None
+        before = self.server_pids.get(gpu_uuid)
+        self.server_pids[gpu_uuid] = pid
+        return before if before is not None and before != pid else None
 
     def record_pipe(self, gpu_uuid: str, pipe: str) -> bool:
         """Record ``pipe`` as the GPU's pipe directory; True when it replaces a recorded one

@@ -95,6 +95,7 @@ class ClaimLifecycle:
                 if key not in done:
                     done[key] = self.objects.ensure(t)
                 applied.record_pipe(t.gpu.uuid, done[key])
+                applied.record_server(t.gpu.uuid, self.objects.server_pid(t.mode, t.server))
         except EFFECT_ERRORS as exc:
             bound.error("MPS enforcement failed; claim rolled back", error=str(exc))
             if previous is not None:

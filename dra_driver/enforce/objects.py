@@ -24,6 +24,7 @@ from dra_driver.enforce.names import (
     memory_arg,
 )
 from dra_driver.enforce.nvmlcontrol import NvmlError, NvmlFacade
+from dra_driver.enforce.outages import server_pid
 from dra_driver.enforce.removal import terminate_clients
 from dra_driver.enforce.rows import NamespaceRow, ServerRow
 from dra_driver.enforce.targets import FractionTarget, MpsOptions, gpus_text, namespace_drift
@@ -68,6 +69,15 @@ class MpsObjects:
         self.nvml = nvml
         self.modes = modes
         self.sleep = sleep
+        self._pids: dict[tuple[str, str], int | None] = {}
+        self.created: set[tuple[str, str, str]] = set()
+        """``(mode, server, namespace)`` of each namespace :meth:`ensure_namespace` created
+        (its owner clears it when it wants to know which a call created)."""
+
+    def server_pid(self, mode: str, name: str) -> int | None:
+        """The PID of server ``name`` of ``mode``'s daemon when :meth:`ensure_server` last saw
+        it (None: not seen, or ``server list`` shows no PID)."""
+        return self._pids.get((mode, name))
 
     def servers(self) -> Iterator[tuple[str, MpsDaemon, ServerRow]]:
         """``(mode, daemon, server row)`` of every server of every daemon that answers
@@ -106,6 +116,8 @@ class MpsObjects:
         ctl = daemon.control
         row = _row(ctl, name)
         if row is not None and server_ok(row, gpus):
+            self._pids[(daemon.mode, name)] = server_pid(row.pid)
+            seal_server(daemon, name)  # one declared in the -a file has the default modes
             return
         if row is not None:
             log.warning(
@@ -125,7 +137,8 @@ class MpsObjects:
             self.modes.set(gpu, self.options.compute_mode_for(daemon.mode))
         ctl.server_create(name, [g.uuid for g in gpus])
         self.verify_server(daemon, name, gpus)
-        close_server(daemon, name)
+        ctl.server_set(name, DEFAULT_NAMESPACE_LIMIT, DEFAULT_NAMESPACE_THREADS)
+        seal_server(daemon, name)
         log.info(
             "MPS server created",
             mps_server=name,
@@ -161,6 +174,7 @@ class MpsObjects:
                     + (f"; server.log: {tail}" if tail else "")
                 )
             status = row.status
+            self._pids[(daemon.mode, name)] = server_pid(row.pid)
             if status.lower() == _READY:
                 return
         log.warning(
@@ -186,6 +200,7 @@ class MpsObjects:
         row = next((r for r in ctl.namespace_list(srv) if r.name == ns), None)
         if row is None:
             ctl.namespace_create(ns, srv)
+            self.created.add((daemon.mode, srv, ns))
             row = self.first_limits(ctl, t)
         else:
             drift = namespace_drift(row, t)
@@ -260,19 +275,19 @@ class MpsObjects:
         return self.set_limits(ctl, t)
 
 
-def close_server(daemon: MpsDaemon, name: str) -> None:
-    """Close the side doors of a new server: its ``default`` namespace, which no claim uses,
-    gets the smallest limits (:data:`DEFAULT_NAMESPACE_LIMIT`, :data:`DEFAULT_NAMESPACE_THREADS`:
-    a process that reaches it can hold nothing worth having; KAI caps it at 10% for the same
-    reason), and the server's directory becomes traversable but not listable with its own
-    sockets root-only (clients attach through their namespace's socket below it,
-    ``<server>/<namespace>/control``; NVIDIA MPS docs, "MPS v3 Namespaces").
+def seal_server(daemon: MpsDaemon, name: str) -> None:
+    """Close the side doors of server ``name``'s files: its directory traversable but not
+    listable, its own sockets (``control``, the ``default`` namespace's) root-only; clients
+    attach through their namespace's socket below it, ``<server>/<namespace>/control`` (NVIDIA
+    MPS docs, "MPS v3 Namespaces"). Its ``default`` namespace, which no claim uses, gets the
+    smallest limits where the server is made (:data:`DEFAULT_NAMESPACE_LIMIT`: after ``server
+    create``, and in the declared servers of the ``-a`` file, :mod:`dra_driver.enforce.declared`),
+    so a process that reaches it holds nothing worth having (KAI caps it at 10% for the same
+    reason).
 
     Raises:
-        MpsError: ``server set`` failed.
         OSError: the directory's or a socket's mode cannot be set.
     """
-    daemon.control.server_set(name, DEFAULT_NAMESPACE_LIMIT, DEFAULT_NAMESPACE_THREADS)
     where = daemon.pipe_dir / name
     if where.is_dir():
         private_dir(where, PIPE_DIR_MODE)

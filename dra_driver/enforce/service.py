@@ -12,8 +12,10 @@ The service:
 - probes what the node's ``nvidia-cuda-mps-control`` offers
 (:func:`dra_driver.enforce.tiers.probe_mps`);
 - runs one control daemon per compute mode in the foreground (``-p 3 -m -f -a <toml>``, the
-  same directories and start-up TOML as :class:`~dra_driver.enforce.daemon.MpsDaemon`), each a child
-  process whose stdin it holds open (EOF makes a foreground daemon quit);
+  same directories and start-up TOML as :class:`~dra_driver.enforce.daemon.MpsDaemon`, written
+  again at every start with the prepared claims' servers and namespaces that the plugin keeps in
+  ``<root>/mps/<mode>/claims.toml``, :mod:`dra_driver.enforce.declared`), each a child process
+  whose stdin it holds open (EOF makes a foreground daemon quit);
 - supervises them: a daemon that exits is started again (back-off 1 s doubling to 30 s) and a
   daemon that stops answering ``server list`` for three checks in a row is killed and started
   again; every start raises the generation;

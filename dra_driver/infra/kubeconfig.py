@@ -3,6 +3,7 @@ that name the file and say what to do."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import yaml
@@ -57,3 +58,12 @@ def api_client(kubeconfig: str | None, connections: int) -> k8s.ApiClient:
         k8s_config.load_incluster_config(client_configuration=cfg)
     cfg.connection_pool_maxsize = connections
     return k8s.ApiClient(cfg)
+
+
+def single_try(api: k8s.ApiClient) -> k8s.ApiClient:
+    """A client with ``api``'s configuration (its own copy) whose calls are tried once: urllib3
+    retries off, for callers that bound their time and retry themselves."""
+    config = copy.deepcopy(api.configuration)
+    config.retries = False
+    config.client_go_retries = False
+    return k8s.ApiClient(config)

@@ -22,6 +22,10 @@ class Metrics:
         ``dra_gpu_fraction_mps_clients_terminated_total{reason}``: MPS clients the plugin
             terminated, by reason (``over_claim_cap``: beyond their claim's share of the MPS
             server's client table, ``docs/enforcement.md``, "Client cap").
+        ``dra_gpu_fraction_mps_server_restarts_total{gpu,mode}``: MPS servers of prepared
+            claims found replaced (a new PID: the server failed and was re-created, or its
+            control daemon was restarted), per GPU UUID of the server and compute mode; their
+            running clients lost their connection.
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -57,6 +61,13 @@ class Metrics:
             "MPS clients the plugin terminated, by reason (over_claim_cap: beyond their"
             " claim's share of the MPS server's client table)",
             ["reason"],
+            registry=self.registry,
+        )
+        self.mps_server_restarts = Counter(
+            "dra_gpu_fraction_mps_server_restarts",
+            "MPS servers of prepared claims found replaced (their clients lost their"
+            " connection), by GPU UUID and compute mode",
+            ["gpu", "mode"],
             registry=self.registry,
         )
         self.duration = Histogram(

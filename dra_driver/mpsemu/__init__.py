@@ -15,7 +15,8 @@ the usual ``CUDA_MPS_PIPE_DIRECTORY``/``CUDA_MPS_LOG_DIRECTORY``/``CUDA_MPS_PROT
   ``<log>/control.log``; ``-f`` runs it in the foreground (commands on stdin too), ``-q``
   stops it; other invocations are commands sent to it (:mod:`.cli`);
 - ``server create`` starts an ``nvidia-cuda-mps-server`` process (:mod:`.server`) with a
-  socket per namespace; ``MPS_EMULATOR_VISIBLE_GPUS`` (comma-separated UUIDs; unset: all)
+  socket per namespace (so does each server the ``-a`` file declares, at the daemon's start,
+  :mod:`.config`); ``MPS_EMULATOR_VISIBLE_GPUS`` (comma-separated UUIDs; unset: all)
   says which GPUs servers can open;
 - ``python3 probe.py`` (:mod:`.probe`, standard library only) is a tenant: with
   ``CUDA_MPS_PIPE_DIRECTORY`` at a namespace directory it attaches and reports its limits.

@@ -15,7 +15,11 @@ Behaviours the driver depends on:
   attached, and so is ``namespace set`` (the text is the emulator's own);
 - a v2-only program lists no v3 modules in ``-h``, refuses ``-p 3`` daemons and calls the v3
   modules unknown commands;
-- a new daemon is refused while its pipe directory holds both ``control`` and the PID file.
+- a new daemon is refused while its pipe directory holds both ``control`` and the PID file;
+- the servers and namespaces its ``-a`` file declares (:mod:`dra_driver.mpsemu.config`) exist,
+  with their limits, when the daemon starts: each namespace is created with its limits already
+  set, so no client ever finds it without them; a key the file may not have, a bad name or a
+  bad limit refuses the start (``config error: ...``).
 """
 
 from __future__ import annotations
@@ -25,6 +29,12 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from dra_driver.model.commands import Completed
+from dra_driver.mpsemu.config import (
+    ConfigError,
+    DeclaredServer,
+    check_declared,
+    declared_servers,
+)
 from dra_driver.mpsemu.grammar import Invocation, help_answer, precheck, split_command
 from dra_driver.mpsemu.limits import apply_limits, namespace_rows, threads_text, valid_name
 from dra_driver.mpsemu.model import (
@@ -118,10 +128,13 @@ class MpsState:
         if inv.protocol not in ("2", "3") or (inv.protocol == "3" and self.v2_only):
             return _fail(f"Unsupported protocol version {inv.protocol}")
         parsed: dict[str, object] = {}
+        declared: list[DeclaredServer] = []
         if inv.config:
             try:
                 parsed = tomllib.loads(Path(inv.config).read_text())
-            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+                declared = declared_servers(parsed)
+                check_declared(declared, inv.has("m"))
+            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, ConfigError) as exc:
                 return _fail(f"config error: {exc}")
         pipe = Path(inv.pipe)
         if (pipe / CONTROL_SOCKET).exists() and (pipe / PID_FILE).exists():
@@ -132,7 +145,32 @@ class MpsState:
         except (WorldError, OSError) as exc:
             return _fail(f"Cannot start MPS control daemon: {exc}")
         self.daemons[inv.pipe] = daemon
+        self._declare(daemon, declared)
         return Completed(0)
+
+    def _declare(self, d: Daemon, declared: Sequence[DeclaredServer]) -> None:
+        """Create the servers and namespaces of the ``-a`` file (checked by
+        :func:`~dra_driver.mpsemu.config.check_declared`), each namespace with its limits before
+        its socket exists. A server that cannot start is left out, as one made by ``server
+        create`` would be."""
+        for decl in declared:
+            try:
+                if not self._server_create(d, [decl.name], dict(decl.create), frozenset()).ok:
+                    continue
+                server = d.servers[decl.name]
+                if decl.limits:
+                    self._server_set(d, [decl.name], dict(decl.limits), frozenset())
+                for name, limits in decl.namespaces.items():
+                    if name == DEFAULT_NAMESPACE:
+                        self._server_set(d, [decl.name], dict(limits), frozenset())
+                        continue
+                    ns = Namespace(name)
+                    if limits:
+                        apply_limits(ns, limits)
+                    self.world.namespace_created(d, server, ns)
+                    server.namespaces[name] = ns
+            except (WorldError, OSError):
+                continue
 
     def quit(self, pipe: str) -> Completed:
         """``-q``: stop the daemon of ``pipe`` and its servers."""

@@ -20,7 +20,11 @@ is enforced. Each entry::
 
 ``FractionEnforced`` is ``True`` only for the ``hard`` tier (the memory ceiling is enforced by
 the driver for every process of the claim); ``cooperative`` and ``none`` are ``False`` with a
-reason and a message saying what holds instead (see ``docs/what-you-get.md``).
+reason and a message saying what holds instead (see ``docs/what-you-get.md``). An MPS device
+also gets ``NonRootClients=False`` once a container of the claim runs as root, and
+``MpsClientsConnected`` once its MPS server was restarted or its namespace re-created
+(:mod:`dra_driver.observe.mpsoutages`): ``False`` while containers that ran before are still
+running (they lost their MPS connection), ``True`` again once they were all restarted.
 
 The entries go into the claim as read (:func:`with_entries`): other drivers' entries of the
 same claim are left alone (the list is a map keyed by driver, pool, device and share ID).
@@ -48,6 +52,26 @@ ROOT_CONDITION_TYPE = "NonRootClients"
 MAX_LISTED_CONSUMERS = 32
 """Most running consumers listed in one entry's ``data.consumers.running`` (each at most 317
 characters: ``<namespace>/<pod>/<container>``; the entry stays within the API's 10 KiB)."""
+
+CLIENTS_CONDITION_TYPE = "MpsClientsConnected"
+"""The condition an MPS device's entry gets once the claim's MPS server or namespace was
+replaced (:mod:`dra_driver.observe.mpsoutages`)."""
+
+
+class ClientsCondition(NamedTuple):
+    """The ``MpsClientsConnected`` condition of a claim's MPS devices.
+
+    Attributes:
+        connected: ``True`` once no container that ran before the outage is left.
+        reason: CamelCase, e.g. ``MpsServerRestarted`` or ``ClientsReconnected``.
+        message: one paragraph for the user.
+        since: ``lastTransitionTime`` (RFC 3339).
+    """
+
+    connected: bool
+    reason: str
+    message: str
+    since: str
 
 
 class Enforcement(NamedTuple):
@@ -158,6 +182,7 @@ def device_status(
     default_percentage: int,
     runs_as_root: bool = False,
     consumers: Sequence[str] = (),
+    clients: ClientsCondition | None = None,
 ) -> dict[str, Any]:
     """The ``status.devices[]`` entry of one planned device (API JSON, camelCase).
 
@@ -171,6 +196,7 @@ def device_status(
             cooperative) then also gets :func:`root_condition`.
         consumers: the claim's running consumers (``<namespace>/<pod>/<container>``); an MPS
             device lists them in :func:`consumers_data`.
+        clients: the claim's ``MpsClientsConnected`` condition, on an MPS device (None: none).
     """
     if plan.admin_access:
         return _admin_status(plan, driver, now)
@@ -207,6 +233,16 @@ def device_status(
     ]
     if runs_as_root and tier != Tier.NONE:
         entry["conditions"].append(root_condition(plan, now))
+    if clients is not None and tier != Tier.NONE:
+        entry["conditions"].append(
+            {
+                "type": CLIENTS_CONDITION_TYPE,
+                "status": "True" if clients.connected else "False",
+                "reason": clients.reason,
+                "message": clients.message,
+                "lastTransitionTime": clients.since,
+            }
+        )
     return entry
 
 
@@ -243,10 +279,11 @@ def device_entries(
     default_percentage: int = 100,
     runs_as_root: bool = False,
     consumers: Sequence[str] = (),
+    clients: ClientsCondition | None = None,
 ) -> list[dict[str, Any]]:
     """One :func:`device_status` entry per planned device. ``enforcement``: by GPU UUID
-    (missing: :data:`NOT_ENFORCED`); ``default_percentage``, ``runs_as_root``, ``consumers``:
-    see :func:`device_status`."""
+    (missing: :data:`NOT_ENFORCED`); ``default_percentage``, ``runs_as_root``, ``consumers``,
+    ``clients``: see :func:`device_status`."""
     return [
         device_status(
             d,
@@ -256,6 +293,7 @@ def device_entries(
             default_percentage,
             runs_as_root,
             consumers,
+            clients,
         )
         for d in plan.devices
     ]

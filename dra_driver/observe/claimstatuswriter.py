@@ -24,7 +24,6 @@ write is logged with that hint and counted; Prepare is never failed by it.
 
 from __future__ import annotations
 
-import copy
 import json
 import queue
 import threading
@@ -40,10 +39,12 @@ from urllib3 import Timeout
 from urllib3.exceptions import HTTPError
 
 from dra_driver.enforce.tiers import EnforcementReport
+from dra_driver.infra.kubeconfig import single_try
 from dra_driver.infra.metrics import Metrics
 from dra_driver.model.plans import ClaimPlan
 from dra_driver.model.vocabulary import Tier
 from dra_driver.observe.claimstatus import (
+    ClientsCondition,
     Enforcement,
     allocated_node,
     already_written,
@@ -107,10 +108,7 @@ class ApiClaimStatus:
     the configuration with urllib3 retries off; the writer retries itself)."""
 
     def __init__(self, api_client: ApiClient) -> None:
-        config = copy.deepcopy(api_client.configuration)
-        config.retries = False
-        config.client_go_retries = False
-        self._client = ApiClient(config)
+        self._client = single_try(api_client)
         self._api = ResourceV1Api(self._client)
 
     def read(self, namespace: str, name: str, timeout: float) -> Mapping[str, Any]:
@@ -225,6 +223,7 @@ class ClaimStatusWriter:
         self._queue: queue.Queue[ClaimPlan] = queue.Queue()
         self._root: set[str] = set()
         self._consumers: dict[str, tuple[str, ...]] = {}
+        self._clients: dict[str, ClientsCondition] = {}
 
     @classmethod
     def of(
@@ -256,6 +255,13 @@ class ClaimStatusWriter:
         if consumers.root:
             self._root.add(uid)
         self._consumers[uid] = tuple(c.who or c.container_id for c in consumers.running)
+        self._queue.put(plan)
+
+    def flag_clients(self, plan: ClaimPlan, condition: ClientsCondition) -> None:
+        """``plan``'s claim has a new ``MpsClientsConnected`` condition
+        (:mod:`dra_driver.observe.mpsoutages`): write its status again with it (returns at
+        once)."""
+        self._clients[plan.claim.uid] = condition
         self._queue.put(plan)
 
     def run(self, stop: threading.Event) -> None:
@@ -332,6 +338,7 @@ class ClaimStatusWriter:
             self.default_percentage,
             runs_as_root=ref.uid in self._root,
             consumers=self._consumers.get(ref.uid, ()),
+            clients=self._clients.get(ref.uid),
         )
         if already_written(claim, entries):
             return "unchanged"

@@ -139,15 +139,29 @@ class ConsumerWatch:
         """Every record of a claim, running or not, once per container (the gate keeps one
         directory per device of the claim, ``<claim-uid>/<device-key>/<container-id>``; a
         container that got several devices is in each)."""
-        out: dict[str, Consumer] = {}
+        return [consumer for consumer, _ in self._records(claim_uid).values()]
+
+    def _records(self, claim_uid: str) -> dict[str, tuple[Consumer, float]]:
+        """Container ID -> its record and the record's modification time (when the gate
+        admitted the container, seconds since the epoch)."""
+        out: dict[str, tuple[Consumer, float]] = {}
         for entry in _entries(self.record_root / claim_uid):
             for record in _entries(entry) if entry.is_dir() else [entry]:
                 try:
                     text = record.read_text(errors="replace")[:512]
+                    written = record.stat().st_mtime
                 except OSError:
                     continue
-                out.setdefault(record.name, parse_record(record.name, text))
-        return list(out.values())
+                out.setdefault(record.name, (parse_record(record.name, text), written))
+        return out
+
+    def running_before(self, claim_uid: str, since: float) -> list[str]:
+        """The container IDs of the claim's consumers admitted before ``since`` (seconds since
+        the epoch) that still run, sorted: after an MPS outage at ``since``, the containers
+        still to restart (:data:`dra_driver.observe.mpsoutages.StaleConsumers`)."""
+        records = self._records(claim_uid)
+        early = [c for c, written in records.values() if written < since]
+        return [c.container_id for c in self.running(early)]
 
     def running(self, records: Iterable[Consumer]) -> tuple[Consumer, ...]:
         """The consumers among ``records`` whose process still runs, by container ID."""

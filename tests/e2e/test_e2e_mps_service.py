@@ -342,6 +342,16 @@ def test_deleting_the_mps_service_ends_the_servers_and_the_node_recovers(
                 )
 
             wait_for(f"{p} attached again under its limits", reattached, timeout=60)
+        # the outage is not silent: each probe's pod has a MpsServerRestarted Warning event,
+        # and its claim MpsClientsConnected=False (its container, created before the outage,
+        # still runs)
+        for p in first:
+            wait_for(f"{p}'s MpsServerRestarted event", lambda p=p: outage_event(e2e, p), 60)
+            wait_for(
+                f"{p}'s claim with MpsClientsConnected=False",
+                lambda p=p: clients_condition(e2e, p) == ("False", "MpsServerRestarted"),
+                60,
+            )
         seconds = new_claim_prepares(e2e, "after-mps", TIME_SLICING_GPUS[0])
         report(
             "deletion of the MPS service pod",
@@ -351,6 +361,25 @@ def test_deleting_the_mps_service_ends_the_servers_and_the_node_recovers(
             f"{seconds:.1f} s",
         )
     nothing_left_after_the_pods(e2e, links)
+
+
+def outage_event(e2e: E2E, pod: str) -> str | None:
+    """The message of the pod's ``MpsServerRestarted`` Warning event, if it has one."""
+    events = e2e.core.list_namespaced_event(
+        e2e.namespace, field_selector=f"involvedObject.name={pod}"
+    ).items
+    return next(
+        (e.message for e in events if e.reason == "MpsServerRestarted" and e.type == "Warning"),
+        None,
+    )
+
+
+def clients_condition(e2e: E2E, pod: str) -> tuple[str, str] | None:
+    """``(status, reason)`` of the ``MpsClientsConnected`` condition of the pod's claim."""
+    devices = (e2e.claim_of(pod).get("status") or {}).get("devices") or []
+    conditions = [c for d in devices for c in d.get("conditions") or []]
+    found = [c for c in conditions if c["type"] == "MpsClientsConnected"]
+    return (found[0]["status"], found[0]["reason"]) if found else None
 
 
 def test_the_plugin_never_starts_a_daemon(e2e: E2E) -> None:

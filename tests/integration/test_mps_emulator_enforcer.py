@@ -121,8 +121,8 @@ def test_a_flooding_claim_is_cut_to_its_cap_and_its_neighbour_gets_in(
         FakeNvml({g.uuid: g.memory_bytes}),
         SubprocessRunner(),
         options,
-        on_clients_terminated=lambda *call: reported.append(call),
     )
+    enforcer.report_terminations(lambda *call: reported.append(call))
     a = plan(device(g, 20 * GIB), uid=UID_A)
     b = plan(device(g, 10 * GIB), uid=UID_B, name="serve")
     [pipe_a] = [m.host_path for m in enforcer.apply(a)["gpu-0-quarter-0"].mounts]

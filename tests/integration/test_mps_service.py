@@ -1,7 +1,9 @@
 """The MPS node service (``dra-driver mps-service``) and its client, the enforcer, as real
 processes over the MPS emulator: the enforcer never starts a daemon; a tenant's server survives
 a new enforcer (a plugin restart); a daemon killed is restarted by the service (a new
-generation) and the enforcer's health check re-applies the claim; while the service is down
+generation) and the enforcer's health check re-applies the claim; the restarted daemon serves
+the claims' namespaces with their limits from its start (its -a file declares them); a killed
+server of one GPU leaves the other GPUs' tenants and claims alone; while the service is down
 every MPS GPU is reported unhealthy, with a message naming the service, and a claim fails at
 once, naming it too; once the service is back, the GPUs recover on their own."""
 
@@ -12,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,10 +22,12 @@ import pytest
 
 from dra_driver.enforce import MpsError
 from dra_driver.enforce.enforcer import MpsEnforcer, MpsOptions
+from dra_driver.enforce.outages import SERVER_RESTARTED, MpsOutage
 from dra_driver.enforce.readiness import read_state, state_path
 from dra_driver.enforce.simnvml import SimulatedNvml
 from dra_driver.gpus import SimulatedGpuSource
 from dra_driver.infra.runner import SubprocessRunner
+from dra_driver.model.plans import ClaimPlan
 from dra_driver.mpsemu import emulator_path
 from tests.support.fakes.plans import GIB, device, plan
 from tests.support.mpsemu import Probe, alive, private_root, wait_for
@@ -33,6 +38,8 @@ NODE = "n1"
 GPUS = "simulated:H200x2"
 UID_A = "0a000000-0000-4000-8000-00000000000a"
 UID_B = "0b000000-0000-4000-8000-00000000000b"
+UID_C = "0c000000-0000-4000-8000-00000000000c"
+NS_A = "c_" + UID_A.replace("-", "_")
 
 
 @pytest.fixture
@@ -153,5 +160,99 @@ def test_the_service_outlives_its_client_and_its_daemons(root: Path) -> None:
         15,
     )
     assert tenant.stop() == 0
+    service.send_signal(signal.SIGTERM)
+    assert service.wait(timeout=30) == 0
+
+
+def test_a_daemon_restarted_by_the_service_serves_the_claims_namespaces_from_its_start(
+    root: Path,
+) -> None:
+    """The restarted daemon's -a file declares the claim's server and namespace with its
+    limits: they exist when the service reports the daemon ready, with no health check run,
+    and the tenant, retrying all along, never attaches without its limits."""
+    service = start_service(root)
+    first_state = wait_for("the service's daemons", lambda: ready(root), 30)
+    gpu0 = SimulatedGpuSource(GPUS, seed=NODE).discover().gpus[0]
+    plugin = enforcer(root)
+    [mount] = next(
+        iter(plugin.apply(plan(device(gpu0, 6 * GIB, 10 * GIB), uid=UID_A)).values())
+    ).mounts
+    tenant = Probe(Path(mount.host_path))
+    first = tenant.wait_line(lambda f: f.get("state") == "connected", 10)
+    assert first["pinned_memory_limit"] == "10G"
+
+    seen = len(tenant.lines)
+    daemon = read_state(state_path(root / "run/mps")).daemons["time-slicing"]
+    os.kill(daemon.pid, signal.SIGKILL)
+    wait_for(
+        "the daemon restarted by the service",
+        lambda: ready(root, generation_above=int(str(first_state["generation"]))),
+        30,
+    )
+    [row] = plugin.daemons["time-slicing"].control.namespace_list("gpu_0", NS_A)
+    assert (row.pinned_memory_limit, row.active_thread_percentage) == ("10G", "100")
+    again = tenant.wait_line(
+        lambda f: f.get("state") == "connected" and f.get("server_pid") != first["server_pid"],
+        15,
+        after=seen,
+    )
+    assert again["pinned_memory_limit"] == "10G"
+    attaches = [f for f in tenant.lines[seen:] if f.get("state") == "connected"]
+    assert {f["pinned_memory_limit"] for f in attaches} == {"10G"}, tenant.raw[seen:]
+    assert tenant.stop() == 0
+    service.send_signal(signal.SIGTERM)
+    assert service.wait(timeout=30) == 0
+
+
+def test_a_fatal_fault_of_one_gpus_server_leaves_other_gpus_alone(root: Path) -> None:
+    """SIGKILL of GPU 0's server: the tenant of GPU 1 keeps its server process, a new claim on
+    GPU 1 prepares at once, and the health check reports the outage of GPU 0's claim only,
+    whose tenant gets its limits again from the re-created server."""
+    service = start_service(root)
+    wait_for("the service's daemons", lambda: ready(root), 30)
+    gpu0, gpu1 = SimulatedGpuSource(GPUS, seed=NODE).discover().gpus
+    plugin = enforcer(root)
+    reported: list[MpsOutage] = []
+    plugin.report_outages(reported.extend)
+
+    def tenant_of(claim: ClaimPlan) -> Probe:
+        [mount] = next(iter(plugin.apply(claim).values())).mounts
+        return Probe(Path(mount.host_path))
+
+    on0 = tenant_of(plan(device(gpu0, 8 * GIB), uid=UID_A))
+    on1 = tenant_of(plan(device(gpu1, 8 * GIB), uid=UID_B))
+    first0, first1 = (t.wait_line(lambda f: f.get("state") == "connected", 10) for t in (on0, on1))
+    assert plugin.check_health()[gpu0.uuid].healthy and reported == []
+
+    seen0, seen1 = len(on0.lines), len(on1.lines)
+    os.kill(int(first0["server_pid"]), signal.SIGKILL)
+    on0.wait_line(lambda f: f.get("state") == "lost", 10, after=seen0)
+    started = time.monotonic()
+    plugin.apply(plan(device(gpu1, 4 * GIB), uid=UID_C))
+    assert time.monotonic() - started < 10  # ~1 s; 2 shared cores under load take longer
+    wait_for("two more lines of GPU 1's tenant", lambda: len(on1.lines) >= seen1 + 2, 10)
+    assert {f.get("server_pid") for f in on1.lines[seen1:]} == {first1["server_pid"]}
+    assert {f.get("state") for f in on1.lines[seen1:]} == {"same"}
+
+    health = plugin.check_health()
+    assert health[gpu0.uuid].healthy and health[gpu1.uuid].healthy
+    [outage] = reported
+    assert (outage.claim.uid, outage.reason, outage.server) == (UID_A, SERVER_RESTARTED, "gpu_0")
+    assert outage.old_pid == int(first0["server_pid"]) and outage.new_pid != outage.old_pid
+    # the health check re-created the server with "server create" and the namespace with
+    # "namespace create" + "namespace set" (no daemon restart, so no -a file): a tenant that
+    # attached in between is ended by the enforcer (objects.py, first_limits) and attaches again
+    again = on0.wait_line(
+        lambda f: f.get("state") == "connected" and f.get("pinned_memory_limit") == "8G",
+        15,
+        after=seen0,
+    )
+    assert again["server_pid"] == str(outage.new_pid)
+    lines = on0.lines[seen0:]
+    end = lines.index(again)
+    for i, early in enumerate(lines[:end]):
+        if early.get("state") == "connected":
+            assert any(x.get("state") in ("terminated", "lost") for x in lines[i + 1 : end])
+    assert on0.stop() == 0 and on1.stop() == 0
     service.send_signal(signal.SIGTERM)
     assert service.wait(timeout=30) == 0

@@ -30,7 +30,7 @@ CSV = "--format=csv,noheader"
 
 
 class Reported:
-    """Records the enforcer's ``on_clients_terminated`` calls."""
+    """Records the calls of the enforcer's ``report_terminations`` listener."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[ClaimRef, str, list[int], int]] = []
@@ -40,14 +40,9 @@ class Reported:
 
 
 def enforcer(node: Node, reported: Reported | None = None) -> MpsEnforcer:
-    return MpsEnforcer(
-        node.tiers,
-        node.nvml,
-        node.mps,
-        node.options,
-        sleep=node.sleeps.append,
-        on_clients_terminated=reported or Reported(),
-    )
+    mps = MpsEnforcer(node.tiers, node.nvml, node.mps, node.options, sleep=node.sleeps.append)
+    mps.report_terminations(reported or Reported())
+    return mps
 
 
 def clients(node: Node) -> dict[str, list[int]]:
@@ -146,7 +141,8 @@ def test_a_failing_reporter_or_terminate_does_not_stop_enforcement(tmp_path: Pat
     def broken(claim: ClaimRef, gpu_uuid: str, pids: list[int], cap: int) -> None:
         raise RuntimeError("event API down")
 
-    mps = MpsEnforcer(node.tiers, node.nvml, node.mps, node.options, on_clients_terminated=broken)
+    mps = MpsEnforcer(node.tiers, node.nvml, node.mps, node.options)
+    mps.report_terminations(broken)
     mps.apply(plan(device(node.gpus[0], EIGHTH), uid=UID_A))
     pids = [node.mps.add_client(node.pipe("time-slicing"), "gpu_0", NS_A) for _ in range(9)]
     node.mps.fail("client", "terminate", stderr="client not found")  # gone meanwhile

@@ -218,3 +218,54 @@ def test_counted_vanish_and_quit(world: RecordingWorld) -> None:
     assert run(s, "server", "list").stdout == ""
     assert run(s, "-q").ok and s.daemons == {}
     assert world.last() == ("daemon_stopped",)
+
+
+def test_servers_and_namespaces_of_the_config_file_exist_with_limits_at_start(
+    world: RecordingWorld, tmp_path: Path
+) -> None:
+    config = tmp_path / "mps.toml"
+    config.write_text(
+        'schema_version = "1.0"\n\n'
+        f'[servers.gpu_0]\nallowed_devices = "{GPU}"\nuid = 0\n\n'
+        '[servers.gpu_0.namespaces.c_x]\npinned_memory_limit = "4096M"\n'
+        'active_thread_percentage = "40"\n\n'
+        '[servers.gpu_0.namespaces.default]\npinned_memory_limit = "1G"\n'
+    )
+    s = MpsState(world, {GPU}, vanish_after_lists=None)
+    assert run(s, "-p", "3", "-m", "-f", "-a", str(config)).ok
+    # the namespace is made once, with its limits: its socket never serves without them
+    created = world.calls.index(("namespace_created", "gpu_0", "c_x"))
+    assert world.calls[created - 1] == ("server_started", "gpu_0", "True")
+    assert s.daemons[PIPE].servers["gpu_0"].namespaces["c_x"].pinned == 4 * 1024**3
+    assert run(s, "namespace", "list", "--server=gpu_0").stdout == (
+        f"default,gpu_0,Ready,1G,-,0,{PIPE}/gpu_0/default\n"
+        f"c_x,gpu_0,Ready,4G,40,0,{PIPE}/gpu_0/c_x\n"
+    )
+    assert run(s, "server", "list").stdout == f"gpu_0,0,101,Ready,{PIPE}/gpu_0,{GPU},-\n"
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ("[servers.gpu_0]\ncgroup = 'x'\n", "servers.gpu_0: unknown key(s) cgroup"),
+        (
+            "[servers.gpu_0.namespaces.c_x]\ncgroup_depth = 1\n",
+            "servers.gpu_0.namespaces.c_x: unknown key(s) cgroup_depth",
+        ),
+        ("[servers.gpu_0]\nuid = 5\n", "multi-user mode allows only 0"),
+        ("[servers.Bad]\n", "invalid server name"),
+        (
+            "[servers.gpu_0.namespaces.c_x]\npinned_memory_limit = '4X'\n",
+            "invalid memory value",
+        ),
+    ],
+)
+def test_a_config_file_the_daemon_refuses(
+    world: RecordingWorld, tmp_path: Path, toml: str, message: str
+) -> None:
+    config = tmp_path / "mps.toml"
+    config.write_text(toml)
+    s = MpsState(world, {GPU})
+    done = run(s, "-p", "3", "-m", "-d", "-a", str(config))
+    assert done.rc == 1 and done.stderr.startswith("config error: ") and message in done.stderr
+    assert s.daemons == {} and world.calls == []
