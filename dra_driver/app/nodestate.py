@@ -4,7 +4,7 @@ taints, the MPS health check that feeds them, and the check of the claims' MPS c
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import structlog
 
@@ -84,15 +84,21 @@ class NodeState:
         return inventory, taints
 
 
+def repeat(step: Callable[[], bool], stop: threading.Event, interval: float) -> None:
+    """Call ``step`` every ``interval`` seconds until ``stop`` is set or it returns False (it
+    has nothing to do on this node)."""
+    while not stop.wait(interval):
+        if not step():
+            return
+
+
 def supervise(
     enforcer: FractionEnforcer, state: NodeState, stop: threading.Event, interval: float = 10.0
 ) -> None:
     """Check (and repair) MPS every ``interval`` seconds until ``stop`` is set; GPUs failing
     the check are reported unhealthy. Returns early when the enforcer has nothing to supervise
     (simulated GPUs)."""
-    while not stop.wait(interval):
-        if not check_mps(enforcer, state):
-            return
+    repeat(lambda: check_mps(enforcer, state), stop, interval)
 
 
 def check_mps(
@@ -127,9 +133,7 @@ def police_clients(
     """Hold each claim's MPS clients within its cap every ``interval`` seconds until ``stop``
     is set (:func:`check_clients`). Returns early when the enforcer runs no MPS clients
     (simulated GPUs with the recording enforcer)."""
-    while not stop.wait(interval):
-        if not check_clients(enforcer, metrics):
-            return
+    repeat(lambda: check_clients(enforcer, metrics), stop, interval)
 
 
 def check_clients(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -88,34 +88,27 @@ class PluginOptions:
         return Path(self.simulation_root or Path(self.state_dir) / "simulated")
 
 
-def watch_consumers(
-    watch: ConsumerWatch,
+PlanCheck = Callable[[list[ClaimPlan]], object]
+"""One check of the prepared claims' plans (its result is not used)."""
+
+
+def watch_prepared(
+    checks: Mapping[str, PlanCheck],
     preparation: ClaimPreparation,
     stop: threading.Event,
     interval: float = 5.0,
 ) -> None:
-    """Check the consumers of the prepared claims every ``interval`` seconds until ``stop`` is
-    set (:mod:`dra_driver.observe.consumers`)."""
+    """Every ``interval`` seconds until ``stop`` is set, run each of ``checks`` (by name) on the
+    prepared claims: the consumer watch (:mod:`dra_driver.observe.consumers`) and, with MPS,
+    the outage conditions (:mod:`dra_driver.observe.mpsoutages`). A check that fails is logged
+    and the others still run."""
     while not stop.wait(interval):
-        try:
-            watch.check(preparation.prepared_plans())
-        except Exception:  # keep watching whatever happens
-            log.exception("consumer check failed")
-
-
-def watch_outages(
-    report: MpsOutageReport,
-    preparation: ClaimPreparation,
-    stop: threading.Event,
-    interval: float = 5.0,
-) -> None:
-    """Re-evaluate the ``MpsClientsConnected`` condition of claims that had an MPS outage every
-    ``interval`` seconds until ``stop`` is set (:mod:`dra_driver.observe.mpsoutages`)."""
-    while not stop.wait(interval):
-        try:
-            report.check(preparation.prepared_plans())
-        except Exception:  # keep watching whatever happens
-            log.exception("MPS outage check failed")
+        plans = list(preparation.prepared_plans())
+        for name, check in checks.items():
+            try:
+                check(plans)
+            except Exception:  # keep watching whatever happens
+                log.exception("check of the prepared claims failed", check=name)
 
 
 def make_enforcer(
@@ -324,14 +317,15 @@ class RunningPlugin:
         self._stack.callback(server.stop)
         server.start()
         watch = ConsumerWatch(Path(opts.mps.user_record_root), on_consumers)
-        self._thread("consumers", watch_consumers, watch, preparation, self.stop)
+        checks: dict[str, PlanCheck] = {"consumers": watch.check}
         if isinstance(enforcer, MpsEnforcer):
             events = PodEvents.of(api, opts.driver_name, opts.node_name)
             self._thread("pod-events", events.run, self.stop)
             outages = MpsOutageReport(events, metrics, watch.running_before, on_clients)
             enforcer.report_outages(outages.report)
             enforcer.report_terminations(event_on_terminations(events))
-            self._thread("mps-outages", watch_outages, outages, preparation, self.stop)
+            checks["mps-outages"] = outages.check
+        self._thread("prepared-claims", watch_prepared, checks, preparation, self.stop)
         return preparation
 
     def _publish(

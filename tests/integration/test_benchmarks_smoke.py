@@ -14,16 +14,13 @@ run in ``tests/e2e/test_benchmarks_smoke.py``.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support.benchsmoke import NEEDS_CONTROL_PLANE, NEEDS_REAL_NODE, run_smoke, scripts
-from tests.support.paths import REPO
+from tests.support.nodeless import local_cluster
 
 SMOKE_TIMEOUT_S = 240.0
 """Longest a smoke run may take (pytest's per-test timeout is 300 s, fixture set-up included)."""
@@ -33,24 +30,13 @@ SMOKE_TIMEOUT_S = 240.0
 def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The kubeconfig of a kubelet-less control plane, up for this module's tests."""
     state = tmp_path_factory.mktemp("bench-smoke") / "cluster"
-    env = {**os.environ, "LOCAL_CLUSTER_DIR": str(state), "LOCAL_CLUSTER_NODES": ""}
-
-    def local_cluster(cmd: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, str(REPO / "hack" / "local-cluster"), cmd],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-        )
-
     try:
-        up = local_cluster("up")
+        up = local_cluster(state, "up")
         if up.returncode != 0:
             pytest.fail(f"hack/local-cluster up failed:\n{up.stderr[-3000:]}")
         yield state / "kubeconfig"
     finally:
-        local_cluster("down")
+        local_cluster(state, "down")
 
 
 def test_every_classified_benchmark_exists() -> None:

@@ -16,6 +16,7 @@ import pytest
 from dra_driver.enforce.base import ClientTermination
 from dra_driver.enforce.enforcer import MpsEnforcer, MpsOptions
 from dra_driver.infra.runner import SubprocessRunner
+from dra_driver.model.gpu import Gpu
 from dra_driver.model.plans import ClaimRef
 from dra_driver.mpsemu import emulator_path
 from tests.support.fakes.mps_control import FakeNvml
@@ -34,10 +35,9 @@ def root() -> Iterator[Path]:
         yield path
 
 
-def test_claim_reaches_tenant_survives_daemon_crash_and_is_released(
-    root: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    g = gpu(0)
+def emulated_enforcer(root: Path, g: Gpu, monkeypatch: pytest.MonkeyPatch) -> MpsEnforcer:
+    """The real MpsEnforcer on GPU ``g``, with the MPS emulator's daemon as its control
+    program (real processes under ``root``)."""
     monkeypatch.setenv("MPS_EMULATOR_VISIBLE_GPUS", g.uuid)
     options = MpsOptions(
         root=str(root / "run"),
@@ -47,9 +47,16 @@ def test_claim_reaches_tenant_survives_daemon_crash_and_is_released(
         server_checks=100,
         server_check_interval=0.05,
     )
-    enforcer = MpsEnforcer(
+    return MpsEnforcer(
         {g.uuid: "hard"}, FakeNvml({g.uuid: g.memory_bytes}), SubprocessRunner(), options
     )
+
+
+def test_claim_reaches_tenant_survives_daemon_crash_and_is_released(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    g = gpu(0)
+    enforcer = emulated_enforcer(root, g, monkeypatch)
     edits = enforcer.apply(plan(device(g, 10 * GIB, 20 * GIB), uid=UID_A))
     [mount] = edits["gpu-0-quarter-0"].mounts
     tenant = Probe(Path(mount.host_path))
@@ -106,22 +113,8 @@ def test_a_flooding_claim_is_cut_to_its_cap_and_its_neighbour_gets_in(
     claim's tenant is refused; one client check terminates the flood's newest clients beyond
     its cap (a quarter of the card: 15), and the neighbour attaches and stays."""
     g = gpu(0, memory_mib=80 * 1024)
-    monkeypatch.setenv("MPS_EMULATOR_VISIBLE_GPUS", g.uuid)
-    options = MpsOptions(
-        root=str(root / "run"),
-        control_binary=str(emulator_path()),
-        cgroup_root=str(root / "cgroup"),
-        command_timeout=20,
-        server_checks=100,
-        server_check_interval=0.05,
-    )
     reported: list[tuple[ClaimRef, str, list[int], int]] = []
-    enforcer = MpsEnforcer(
-        {g.uuid: "hard"},
-        FakeNvml({g.uuid: g.memory_bytes}),
-        SubprocessRunner(),
-        options,
-    )
+    enforcer = emulated_enforcer(root, g, monkeypatch)
     enforcer.report_terminations(lambda *call: reported.append(call))
     a = plan(device(g, 20 * GIB), uid=UID_A)
     b = plan(device(g, 10 * GIB), uid=UID_B, name="serve")

@@ -26,6 +26,7 @@ from dra_driver.gpus import SimulatedGpuSource
 from dra_driver.publish.deviceclasses import build_device_classes
 from dra_driver.publish.sizing import sizing_policy
 from dra_driver.publish.slices import build_slices
+from tests.support.nodeless import local_cluster
 from tests.support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,20 +36,9 @@ NS = "occ"
 T = TypeVar("T")
 
 
-def local_cluster(cmd: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "LOCAL_CLUSTER_DIR": str(STATE), "LOCAL_CLUSTER_NODES": ""}
-    return subprocess.run(
-        [sys.executable, str(REPO / "hack" / "local-cluster"), cmd],
-        env=env,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-    )
-
-
 @pytest.fixture(scope="module")
 def api() -> Iterator[k8s.ApiClient]:
-    up = local_cluster("up")
+    up = local_cluster(STATE, "up")
     try:
         if up.returncode != 0:
             pytest.fail(f"hack/local-cluster up failed:\n{up.stderr[-3000:]}")
@@ -56,7 +46,7 @@ def api() -> Iterator[k8s.ApiClient]:
         yield client
         client.close()
     finally:
-        local_cluster("down")
+        local_cluster(STATE, "down")
 
 
 def create(api: k8s.ApiClient, obj: dict[str, Any], namespace: str | None = None) -> None:

@@ -10,10 +10,7 @@ refusal names what is missing. The namespaces are set up the way an admin writes
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +24,7 @@ from kubernetes import dynamic
 from kubernetes.client.exceptions import ApiException
 
 from dra_driver import DEFAULT_DRIVER_NAME as DRIVER
+from tests.support.nodeless import local_cluster
 from tests.support.paths import REPO
 from tests.support.waiting import wait_for
 
@@ -50,17 +48,6 @@ def chart_quota() -> dict[str, Any]:
 
 
 CLASSES = [key.removesuffix(QUOTA_KEY) for key in chart_quota()["hard"]]
-
-
-def local_cluster(state: Path, cmd: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "LOCAL_CLUSTER_DIR": str(state), "LOCAL_CLUSTER_NODES": ""}
-    return subprocess.run(
-        [sys.executable, str(REPO / "hack" / "local-cluster"), cmd],
-        env=env,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-    )
 
 
 def claim(name: str, *classes: str) -> dict[str, Any]:

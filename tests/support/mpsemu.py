@@ -59,24 +59,15 @@ def private_root() -> Iterator[Path]:
         subprocess.run(["rm", "-rf", str(root)], check=False)
 
 
-class Probe:
-    """A running tenant probe (``python3 probe.py``) whose lines are collected as they come.
+class LineReader:
+    """A process whose output lines (stdout and stderr) are collected as they come, in
+    :attr:`raw`, each also passed to :meth:`_line`."""
 
-    Args:
-        pipe: the ``CUDA_MPS_PIPE_DIRECTORY`` it connects through.
-        env: more environment (the marker of :func:`private_root` must be in it or in pipe).
-    """
-
-    def __init__(self, pipe: Path, env: Mapping[str, str] | None = None) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, probe.__file__],
-            env={**os.environ, **(env or {}), "CUDA_MPS_PIPE_DIRECTORY": str(pipe)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.lines: list[dict[str, str]] = []
+    def __init__(self, argv: list[str], env: Mapping[str, str] | None = None) -> None:
         self.raw: list[str] = []
+        self.proc = subprocess.Popen(
+            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -88,7 +79,29 @@ class Probe:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.raw.append(line.rstrip("\n"))
-            self.lines.append(probe.parse_line(line))
+            self._line(line)
+
+    def _line(self, line: str) -> None:
+        """What a subclass makes of each line (nothing more here)."""
+
+
+class Probe(LineReader):
+    """A running tenant probe (``python3 probe.py``) whose lines are collected as they come.
+
+    Args:
+        pipe: the ``CUDA_MPS_PIPE_DIRECTORY`` it connects through.
+        env: more environment (the marker of :func:`private_root` must be in it or in pipe).
+    """
+
+    def __init__(self, pipe: Path, env: Mapping[str, str] | None = None) -> None:
+        self.lines: list[dict[str, str]] = []
+        super().__init__(
+            [sys.executable, probe.__file__],
+            {**os.environ, **(env or {}), "CUDA_MPS_PIPE_DIRECTORY": str(pipe)},
+        )
+
+    def _line(self, line: str) -> None:
+        self.lines.append(probe.parse_line(line))
 
     def wait_line(
         self, predicate: Callable[[dict[str, str]], bool], timeout: float, after: int = 0
@@ -135,7 +148,7 @@ while socks:
 """
 
 
-class HeldClients:
+class HeldClients(LineReader):
     """A process that attaches ``count`` clients to the MPS socket at ``path`` (``HELLO``),
     one after the other, and holds them; every line the server sends it is collected
     (``WELCOME ...`` per client, then ``TERMINATED ...`` for each one ended). All its clients
@@ -148,23 +161,8 @@ class HeldClients:
 
     def __init__(self, path: Path, count: int = 1) -> None:
         self.count = count
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", _HOLD, str(path), str(count)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
+        super().__init__([sys.executable, "-c", _HOLD, str(path), str(count)])
+        self.lines = self.raw
 
     def answered(self, timeout: float = 10.0) -> list[str]:
         """The server's answers to the ``count`` greetings, once all came."""
