@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from dra_driver.app.plugin import PluginOptions, RunningPlugin
+from dra_driver.enforce import MpsOptions
 
 KUBECONFIG = """apiVersion: v1
 kind: Config
@@ -35,6 +36,7 @@ def _options(root: Path, metrics_port: int) -> PluginOptions:
         node_config=None,
         metrics_port=metrics_port,
         metrics_bind_address="127.0.0.1",
+        mps=MpsOptions(root=str(root / "run")),  # never the host's /run/gpu-fraction
     )
 
 
