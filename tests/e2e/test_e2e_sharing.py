@@ -14,7 +14,13 @@ from typing import Any
 import pytest
 
 pytest.register_assert_rewrite("plugin_fixtures")
-from plugin_fixtures import DRIVER, E2E, wait_for  # noqa: E402
+from plugin_fixtures import (  # noqa: E402
+    DRIVER,
+    E2E,
+    TENANT_IMAGE,
+    TIME_SLICING_GPUS,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 pytest_plugins = ["plugin_fixtures"]
@@ -124,3 +130,96 @@ def test_max_consumers_divides_the_ceiling_among_the_containers(e2e: E2E) -> Non
     assert consumers["max"] == 6
     assert consumers["each"]["limit"] == f"{ceiling_mib // 6}Mi"
     print(f"SHARED | maxConsumers 6 | each {ceiling_mib // 6} MiB of {ceiling_mib} MiB")
+
+
+FLOOD = """
+import os, socket, time
+held = []
+for _ in range(80):
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect("/tmp/nvidia-mps/control")
+        s.sendall(b"HELLO %d flood\\n" % os.getpid())
+        print("ANSWER", s.recv(4096).decode().strip(), flush=True)
+        held.append(s)
+    except OSError as exc:
+        print("ERR", exc, flush=True)
+print("FLOOD-HELD", len(held), flush=True)
+while held:
+    for s in list(held):
+        s.settimeout(0.2)
+        try:
+            data = s.recv(4096)
+        except socket.timeout:
+            continue
+        if data:
+            print("GOT", data.decode().strip(), flush=True)
+        else:
+            held.remove(s)
+print("FLOOD-ENDED", flush=True)
+time.sleep(3600)
+"""
+"""A tenant that opens 80 MPS clients from one process and holds them, printing what its
+server tells them (the review's 300 connections, past the 60-client table)."""
+
+
+def tenant_pod(e2e: E2E, name: str, gpu: int, command: list[str]) -> None:
+    """A non-root pod in the tenant image on an eighth of ``gpu`` running ``command``."""
+    e2e.template(name, "gpu-eighth", selectors=[ON_GPU.format(gpu)])
+    spec = {
+        "nodeSelector": {"kubernetes.io/hostname": e2e.nodes[0].name},
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000},
+        "containers": [
+            {
+                "name": "main",
+                "image": TENANT_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": command,
+                "resources": {"claims": [{"name": "gpu"}]},
+            }
+        ],
+        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
+        "terminationGracePeriodSeconds": 2,
+        "dnsPolicy": "Default",
+    }
+    e2e.create_raw_pod(name, spec)
+
+
+def test_a_flooding_tenant_is_cut_to_its_claims_share_and_its_neighbour_gets_in(
+    e2e: E2E,
+) -> None:
+    """Issue 26, item 2. Before: 250 of 300 connections were welcomed and a neighbour on the
+    same GPU was rejected until the flood ended. Now: the server's table is 60, the flooding
+    claim (an eighth: at most 7 clients) is cut back within the plugin's 2 s client check, its
+    pod is told why, and the neighbour attaches."""
+    gpu = TIME_SLICING_GPUS[2]
+    node = e2e.nodes[0]
+    tenant_pod(e2e, "flood", gpu, ["python3", "-c", FLOOD])
+    e2e.wait_running("flood", timeout=90)
+    log = lambda: node.container_log(e2e.namespace, "flood", "main")  # noqa: E731
+    wait_for("the flood to hold its clients", lambda: "FLOOD-HELD" in log(), timeout=30)
+    tenant_pod(e2e, "neighbour", gpu, ["tenant-probe"])
+    e2e.wait_running("neighbour", timeout=90)
+    attached = wait_for(
+        "the neighbour attached to its namespace",
+        lambda: e2e.attached("neighbour", "main"),
+        timeout=60,
+    )
+    assert attached["pinned_memory_limit"] != "unlimited"
+    event = wait_for(
+        "the flooding pod told why its clients were ended",
+        lambda: next(
+            (ev for ev in e2e.events("flood") if ev["reason"] == "MpsClientsOverCap"), None
+        ),
+        timeout=30,
+    )
+    text = log()
+    welcomed = text.count("ANSWER WELCOME")
+    print(
+        f"ATTACK | 80 MPS clients from one tenant | {welcomed} welcomed, then terminated: "
+        f"{text.count('GOT TERMINATED')}; event: {event['message']} | neighbour: "
+        f"state={attached['state']} limit={attached['pinned_memory_limit']}"
+    )
+    assert welcomed <= 60  # the server's client table
+    assert "at most 7 at once" in str(event["message"])
+    assert "FLOOD-ENDED" in text
