@@ -64,7 +64,7 @@ def over_cap_text(gpu_uuid: str, pids: Sequence[int], cap: int) -> str:
     """Pure: the event message when a claim's MPS clients beyond its cap were terminated."""
     listed = ", ".join(str(p) for p in pids)
     return shorten(
-        f"{len(pids)} MPS client(s) of this claim on GPU {gpu_uuid} were terminated (PIDs "
+        f"{len(pids)} MPS client process(es) of this claim on GPU {gpu_uuid} were terminated (PIDs "
         f"{listed}): the claim may hold at most {cap} at once, its share of the MPS server's "
         'client table (docs/enforcement.md, "Client cap"); open fewer CUDA processes or '
         "contexts, or ask for a larger fraction"

@@ -175,6 +175,16 @@ def admin(control_plane: Any) -> Any:
     return dynamic_client(control_plane)
 
 
+def plain_classes() -> list[str]:
+    """The DeviceClasses of the plain manifests (the chart's defaults)."""
+    return [
+        obj["metadata"]["name"]
+        for f in sorted((MANIFESTS / "deviceclasses").glob("*.yaml"))
+        for obj in load(f)
+        if obj["kind"] == "DeviceClass"
+    ]
+
+
 def grant_quotas(admin: Any) -> set[str]:
     """The ResourceQuotas a granted namespace needs: the plain manifests' (installed by this
     module after its namespaces exist) and those the tenant-quota policies already installed
@@ -196,12 +206,7 @@ def fresh_namespace(admin: Any, prefix: str) -> Iterator[str]:
     labels = {TENANT_LABEL: "true", "pod-security.kubernetes.io/enforce": "baseline"}
     ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
     create(admin, ns)
-    classes = [
-        obj["metadata"]["name"]
-        for f in sorted((MANIFESTS / "deviceclasses").glob("*.yaml"))
-        for obj in load(f)
-        if obj["kind"] == "DeviceClass"
-    ]
+    classes = plain_classes()
     hard = {f"{c}.deviceclass.resource.k8s.io/devices": "1000" for c in classes}
     for quota in grant_quotas(admin):
         body = {"metadata": {"name": quota}, "spec": {"hard": hard}}
@@ -272,6 +277,7 @@ def installed(admin: Any, test_ns: str) -> Iterator[list[dict[str, Any]]]:
     finally:
         for obj in reversed(created):
             delete(admin, obj)
+        _wait_plain_policies_gone(admin)
         # Other modules rely on the chart's version (its DeviceClasses and sizing policy
         # depend on its values, e.g. extended resources): put it back as it was.
         for old in replaced:
@@ -285,6 +291,51 @@ def installed(admin: Any, test_ns: str) -> Iterator[list[dict[str, Any]]]:
                 meta["namespace"] = old["metadata"]["namespace"]
             body = {k: v for k, v in old.items() if k not in ("metadata", "status")}
             _recreate(admin, {**body, "metadata": meta})
+
+
+def _wait_plain_policies_gone(admin: Any) -> None:
+    """Return once the API server's admission no longer enforces the plain manifests' deleted
+    policies: its informer drops them a moment after the delete, and until then the plain
+    tenant-quota policy refuses every claim of the next module's namespaces (they carry the
+    chart's quota, not the plain one; seen as 422 ``no params found`` in the test after this
+    module). A dry-run template in a namespace granted as the chart grants it is the probe."""
+    name = f"e2e-install-after-{suffix()}"
+    labels = {TENANT_LABEL: "true", "pod-security.kubernetes.io/enforce": "baseline"}
+    create(
+        admin,
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}},
+    )
+    try:
+        hard = {f"{c}.deviceclass.resource.k8s.io/devices": "0" for c in plain_classes()}
+        for quota in grant_quotas(admin) - {GRANT_QUOTA}:
+            body = {"metadata": {"name": quota}, "spec": {"hard": hard}}
+            create(admin, {"apiVersion": "v1", "kind": "ResourceQuota", **body}, name)
+        template = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "probe"},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu-eighth"}}]
+                    }
+                }
+            },
+        }
+        templates = resource(admin, template)
+
+        def admitted() -> bool:
+            try:
+                templates.create(body=template, namespace=name, query_params=[("dryRun", "All")])
+            except ApiException as exc:
+                if exc.status in (403, 422):
+                    return False
+                raise
+            return True
+
+        wait_for("the plain manifests' policies gone from admission", admitted, timeout=60)
+    finally:
+        delete(admin, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
 
 
 def _recreate(admin: Any, obj: dict[str, Any]) -> None:

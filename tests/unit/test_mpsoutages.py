@@ -191,5 +191,5 @@ def test_clients_over_the_cap_are_told_on_the_claims_pods() -> None:
     event_on_terminations(events)(claim, "GPU-0", [41, 42], 7)
     [(uid, reason, message)] = events.posted
     assert (uid, reason) == (UID, "MpsClientsOverCap")
-    assert message.startswith("2 MPS client(s) of this claim on GPU GPU-0 were terminated")
+    assert message.startswith("2 MPS client process(es) of this claim on GPU GPU-0 were terminated")
     assert "(PIDs 41, 42)" in message and "at most 7 at once" in message
