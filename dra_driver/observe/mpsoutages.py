@@ -25,7 +25,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -135,6 +135,19 @@ class _Open:
     shown: ClientsCondition | None = None
 
 
+def worst(open_: _Open | None, new: MpsOutage) -> MpsOutage:
+    """Pure: the outage a claim's condition follows when ``new`` comes while an earlier one is
+    open (its containers not all restarted yet): ``new``'s time (containers admitted before it
+    are still cut off), and the earlier reason when that was a server restart, which a
+    re-created namespace seen by a later check is part of (one daemon restart shows as both,
+    in either order, depending on which check sees it first)."""
+    if open_ is None or (open_.shown is not None and open_.shown.connected):
+        return new
+    if open_.outage.reason == SERVER_RESTARTED:
+        return replace(new, reason=SERVER_RESTARTED)
+    return new
+
+
 class MpsOutageReport:
     """Reports MPS outages (see the module). Thread-safe: :meth:`report` runs in the MPS
     supervision, :meth:`check` in its own loop.
@@ -176,7 +189,7 @@ class MpsOutageReport:
                     self.metrics.mps_server_restarts.labels(gpu=uuid, mode=o.mode).inc()
             self.events.claim_event(o.claim, o.reason, outage_text(o))
             with self._lock:
-                self._claims[o.claim.uid] = _Open(o)
+                self._claims[o.claim.uid] = _Open(worst(self._claims.get(o.claim.uid), o))
 
     def check(self, plans: Iterable[ClaimPlan]) -> None:
         """Re-evaluate the condition of each prepared claim that had an outage (``plans``: the

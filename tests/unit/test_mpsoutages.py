@@ -193,3 +193,25 @@ def test_clients_over_the_cap_are_told_on_the_claims_pods() -> None:
     assert (uid, reason) == (UID, "MpsClientsOverCap")
     assert message.startswith("2 MPS client process(es) of this claim on GPU GPU-0 were terminated")
     assert "(PIDs 41, 42)" in message and "at most 7 at once" in message
+
+
+def test_a_server_restart_stays_the_reason_while_its_containers_still_run() -> None:
+    """One daemon restart shows as a replaced server and, a check later, as re-created
+    namespaces (or the other way round): the condition keeps saying the server restarted,
+    and follows the later time."""
+    claim = ClaimRef("team-a", "nb", UID)
+    plan = ClaimPlan(claim, ())
+    for first, second in (
+        (SERVER_RESTARTED, NAMESPACE_RECREATED),
+        (NAMESPACE_RECREATED, SERVER_RESTARTED),
+    ):
+        seen: list[ClientsCondition] = []
+        report = MpsOutageReport(
+            Events(), Metrics(), lambda uid, since: ["c1"], lambda p, c, s=seen: s.append(c)
+        )
+        report.report([outage(claim, reason=first)])
+        report.report([outage(claim, reason=second, at=T0 + 30)])
+        report.check([plan])
+        [condition] = seen
+        assert (condition.connected, condition.reason) == (False, SERVER_RESTARTED)
+        assert condition.since == "2027-01-15T08:00:30Z"
