@@ -347,11 +347,18 @@ def test_deleting_the_mps_service_ends_the_servers_and_the_node_recovers(
         # still runs)
         for p in first:
             wait_for(f"{p}'s MpsServerRestarted event", lambda p=p: outage_event(e2e, p), 60)
-            wait_for(
-                f"{p}'s claim with MpsClientsConnected=False",
-                lambda p=p: clients_condition(e2e, p) == ("False", "MpsServerRestarted"),
-                60,
-            )
+            try:
+                wait_for(
+                    f"{p}'s claim with MpsClientsConnected=False",
+                    lambda p=p: clients_condition(e2e, p) == ("False", "MpsServerRestarted"),
+                    60,
+                )
+            except pytest.fail.Exception:
+                uid = e2e.claim_of(p)["metadata"]["uid"]
+                lines = e2e.driver.plugin_log(node.name, 3000).splitlines()
+                print(f"{p}: condition now {clients_condition(e2e, p)}, claim {uid}")
+                print("\n".join(x for x in lines if uid in x or "outage" in x or "status" in x))
+                raise
         seconds = new_claim_prepares(e2e, "after-mps", TIME_SLICING_GPUS[0])
         report(
             "deletion of the MPS service pod",
