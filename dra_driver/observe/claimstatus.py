@@ -26,8 +26,9 @@ also gets ``NonRootClients=False`` once a container of the claim runs as root, a
 (:mod:`dra_driver.observe.mpsoutages`): ``False`` while containers that ran before are still
 running (they lost their MPS connection), ``True`` again once they were all restarted.
 
-The entries go into the claim as read (:func:`with_entries`): other drivers' entries of the
-same claim are left alone (the list is a map keyed by driver, pool, device and share ID).
+The entries go into the claim as read (:func:`dra_driver.observe.claimwire.with_devices`):
+other drivers' entries of the same claim are left alone (the list is a map keyed by driver,
+pool, device and share ID).
 Limits from the v1 API: at most 32 conditions per entry and 10 KiB of ``data``
 (``AllocatedDeviceStatusDataMaxLength``); an entry here is well under both.
 """
@@ -319,21 +320,6 @@ def already_written(claim: Mapping[str, Any], entries: Sequence[Mapping[str, Any
     (condition times aside), so no write is needed."""
     have = {_key(e): _without_times(e) for e in (claim.get("status") or {}).get("devices") or []}
     return all(have.get(_key(e)) == _without_times(e) for e in entries)
-
-
-def with_entries(claim: Mapping[str, Any], entries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """``claim`` (API JSON as read) with ``entries`` in ``status.devices``: an entry with the
-    same driver, pool, device and share ID is replaced in place, others (other drivers',
-    other devices') are kept, new ones appended. Everything else is left as read, so an
-    update sends the allocation back unchanged (see :mod:`dra_driver.observe.claimstatuswriter`)."""
-    mine = {_key(e): dict(e) for e in entries}
-    status = dict(claim.get("status") or {})
-    devices = []
-    for e in status.get("devices") or []:
-        devices.append(mine.pop(_key(e), e))
-    devices.extend(mine.values())
-    status["devices"] = devices
-    return {**claim, "status": status}
 
 
 def allocated_node(claim: Mapping[str, Any]) -> str | None:

@@ -8,13 +8,15 @@ entries are already there (so a plugin restart re-submitting its prepared claims
 each), and otherwise updates the claim's ``status`` with them (PUT, guarded by the
 ``resourceVersion`` read; a conflict re-reads).
 
-Why an update of the claim as read, sent as compact JSON with its keys in the order read, and
-not a patch: the API server compares ``status.allocation`` byte by byte (its opaque
-parameters are raw JSON) and refuses any change to it. Server-side apply and merge patches
-re-encode the parameters with sorted keys, so on a claim whose parameters are not in sorted
-order (``{"apiVersion", "kind", "activeThreadPercentage"}``) Kubernetes 1.37 refuses them with
-422 ``status.allocation: field cannot be modified once set``; the official client's own
-encoder adds spaces, which changes the bytes too.
+Why an update in protobuf, of the claim as read: the API server compares
+``status.allocation`` with the stored one, the raw bytes of each opaque configuration's
+parameters included, and refuses any change. It keeps those bytes as their creator sent them
+but serves JSON compacted and escaped, so on a claim created by a client that formats JSON its
+own way (the Python client's spaces, another key order, unescaped ``&<>``) every JSON update,
+patch or server-side apply of the status fails with 422 ``status.allocation: field cannot be
+modified once set`` (seen on Kubernetes 1.37.2, also for the parameters a DeviceClass's config
+copies into the allocation). The protobuf encoding carries them as stored
+(:mod:`dra_driver.observe.claimwire`).
 
 Permissions (Kubernetes >= 1.36 granular status authorization): ``update`` on
 ``resourceclaims/status`` and ``associated-node:update`` on ``resourceclaims/driver`` with
@@ -33,23 +35,25 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import structlog
-from kubernetes.client import ApiClient, ResourceV1Api
+from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from urllib3 import Timeout
 from urllib3.exceptions import HTTPError
 
+from dra_driver._proto import k8s_resourceclaim_pb2 as pb
 from dra_driver.enforce.tiers import EnforcementReport
 from dra_driver.infra.kubeconfig import single_try
 from dra_driver.infra.metrics import Metrics
 from dra_driver.model.plans import ClaimPlan
+from dra_driver.model.textlimits import shorten
 from dra_driver.model.vocabulary import Tier
+from dra_driver.observe import claimwire
 from dra_driver.observe.claimstatus import (
     ClientsCondition,
     Enforcement,
     allocated_node,
     already_written,
     device_entries,
-    with_entries,
 )
 from dra_driver.observe.consumers import ClaimConsumers
 
@@ -62,38 +66,21 @@ RBAC_HINT = (
 )
 
 
-_GO_ESCAPES = {ord(c): f"\\u{ord(c):04x}" for c in "&<>\u2028\u2029"}
-"""What Go's encoding/json escapes inside strings (HTML-safe output, its default), as a
-``str.translate`` table: ``&`` -> ``\\u0026``."""
-
-
-def compact_json(doc: Mapping[str, Any], go_escapes: bool = False) -> bytes:
-    """``doc`` as Go clients send it: no spaces, keys in the order given, UTF-8 unescaped;
-    with ``go_escapes`` also ``&``, ``<``, ``>``, U+2028 and U+2029 written as ``\\u0026`` etc.,
-    as Go's encoding/json writes them (those characters occur only inside strings here)."""
-    text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
-    return (text.translate(_GO_ESCAPES) if go_escapes else text).encode()
-
-
-def _allocation_refused(exc: ApiException) -> bool:
-    """The API server's 422 for a ``status.allocation`` whose bytes differ from those stored."""
-    body = str(exc.body)
-    return exc.status == 422 and "status.allocation" in body and "cannot be modified" in body
-
-
 class ClaimStatusApi(Protocol):
-    """Reads a claim and updates its status (API JSON)."""
+    """Reads a claim and updates its status (protobuf messages,
+    :mod:`dra_driver.observe.claimwire`)."""
 
-    def read(self, namespace: str, name: str, timeout: float) -> Mapping[str, Any]:
-        """The claim as API JSON.
+    def read(self, namespace: str, name: str, timeout: float) -> pb.ResourceClaim:
+        """The claim.
 
         Raises:
             ApiException: the API server refused or has no such claim.
             urllib3.exceptions.HTTPError: no answer within ``timeout`` seconds.
+            claimwire.WireError: the answer is not a protobuf ResourceClaim.
         """
         ...
 
-    def replace(self, namespace: str, name: str, claim: Mapping[str, Any], timeout: float) -> None:
+    def replace(self, namespace: str, name: str, claim: pb.ResourceClaim, timeout: float) -> None:
         """Update the claim's ``status`` subresource with ``claim`` (as read, changed).
 
         Raises:
@@ -104,56 +91,44 @@ class ClaimStatusApi(Protocol):
 
 
 class ApiClaimStatus:
-    """:class:`ClaimStatusApi` over the official client, one try per call (its own copy of
-    the configuration with urllib3 retries off; the writer retries itself)."""
+    """:class:`ClaimStatusApi` over the official client's connection pool and credentials, one
+    try per call (its own copy of the configuration with urllib3 retries off; the writer
+    retries itself). The generated methods speak JSON only, so the requests are sent through
+    the client's pool directly: reads ask for protobuf, updates send it (errors come back as
+    JSON, so their messages can be logged)."""
 
     def __init__(self, api_client: ApiClient) -> None:
         self._client = single_try(api_client)
-        self._api = ResourceV1Api(self._client)
 
-    def read(self, namespace: str, name: str, timeout: float) -> Mapping[str, Any]:
-        resp: Any = self._api.read_namespaced_resource_claim(
-            name, namespace, _preload_content=False, _request_timeout=timeout
-        )
-        doc: Mapping[str, Any] = json.loads(resp.data)
-        return doc
-
-    def replace(self, namespace: str, name: str, claim: Mapping[str, Any], timeout: float) -> None:
-        """PUT the compact JSON (:func:`compact_json`) through the client's connection pool
-        and credentials (the generated method would re-encode the body with spaces).
-
-        The API server compares the allocation's opaque parameters with the bytes stored, which
-        are the bytes their writer sent; a read gives them back decoded, so how ``&``, ``<`` or
-        ``>`` were written is lost. Go clients (kubectl, helm, controllers) escape them, so that
-        form goes first; if the server refuses the allocation as modified, the unescaped form
-        (a Python or hand-written client's) follows. Claims without those characters are sent
-        once (both forms are the same).
-        """
-        escaped = compact_json(claim, go_escapes=True)
-        try:
-            self._put(namespace, name, escaped, timeout)
-        except ApiException as exc:
-            plain = compact_json(claim)
-            if plain == escaped or not _allocation_refused(exc):
-                raise
-            self._put(namespace, name, plain, timeout)
-
-    def _put(self, namespace: str, name: str, body: bytes, timeout: float) -> None:
+    def _request(self, method: str, namespace: str, name: str, timeout: float, **kw: Any) -> bytes:
         config = self._client.configuration
-        path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}/status"
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
+        headers = {"Accept": claimwire.CONTENT_TYPE}
+        if method == "PUT":
+            path += "/status"
+            headers = {"Content-Type": claimwire.CONTENT_TYPE, "Accept": "application/json"}
         for auth in config.auth_settings().values():  # the client's own bearer token header
             headers[auth["key"]] = str(auth["value"])
         resp = self._client.rest_client.pool_manager.request(
-            "PUT",
+            method,
             f"{config.host}{path}",
-            body=body,
             headers=headers,
             timeout=Timeout(total=timeout),
             retries=False,
+            **kw,
         )
         if resp.status >= 400:
             raise ApiException(http_resp=resp)
+        data: bytes = resp.data
+        return data
+
+    def read(self, namespace: str, name: str, timeout: float) -> pb.ResourceClaim:
+        """GET the claim in protobuf."""
+        return claimwire.decode(self._request("GET", namespace, name, timeout))
+
+    def replace(self, namespace: str, name: str, claim: pb.ResourceClaim, timeout: float) -> None:
+        """PUT ``claim`` to the status subresource in protobuf."""
+        self._request("PUT", namespace, name, timeout, body=claimwire.encode(claim))
 
 
 def _now() -> str:
@@ -162,19 +137,32 @@ def _now() -> str:
 
 def _retryable(exc: Exception) -> bool:
     """Transport errors, conflicts (409: the claim changed since it was read), 429 and 5xx
-    are worth another try (after a new read); other refusals are not."""
+    are worth another try (after a new read); other refusals and an answer that does not parse
+    are not."""
     if isinstance(exc, ApiException):
         return exc.status in (409, 429) or (exc.status or 0) >= 500
-    return True
+    return not isinstance(exc, claimwire.WireError)
+
+
+def _server_message(body: object) -> str:
+    """The ``message`` of the API server's JSON ``Status`` body, else the body itself."""
+    text = body.decode(errors="replace") if isinstance(body, bytes) else str(body or "")
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return text
+    return str(doc.get("message") or text) if isinstance(doc, dict) else text
 
 
 def _describe(exc: Exception) -> str:
-    """One line for the log; a refusal for want of rights (403, or the API server's 422 with a
-    ``resourceclaims/driver`` cause) gets :data:`RBAC_HINT`."""
+    """One line for the log, with what the API server said (which field it refused); a
+    refusal for want of rights (403, or the API server's 422 with a ``resourceclaims/driver``
+    cause) gets :data:`RBAC_HINT`."""
     if isinstance(exc, ApiException):
-        text = f"HTTP {exc.status} {exc.reason}"
+        said = shorten(_server_message(exc.body), 300)
+        text = f"HTTP {exc.status} {exc.reason}" + (f": {said}" if said else "")
         if exc.status == 403 or "resourceclaims/driver" in str(exc.body):
-            return f"{text}: {str(exc.body)[:300]}; {RBAC_HINT}"
+            return f"{text}; {RBAC_HINT}"
         return text
     return f"{type(exc).__name__}: {exc}"
 
@@ -297,7 +285,7 @@ class ClaimStatusWriter:
                 break
             try:
                 result = self._write_once(plan, bound)
-            except (ApiException, HTTPError, OSError) as exc:
+            except (ApiException, HTTPError, OSError, claimwire.WireError) as exc:
                 error = exc
                 if not _retryable(exc):
                     break
@@ -315,13 +303,14 @@ class ClaimStatusWriter:
     def _write_once(self, plan: ClaimPlan, bound: Any) -> str:
         ref = plan.claim
         try:
-            claim = self.api.read(ref.namespace, ref.name, self.timeout)
+            message = self.api.read(ref.namespace, ref.name, self.timeout)
         except ApiException as exc:
             if exc.status == 404:
                 bound.info("claim gone before its device status was written")
                 return "skipped"
             raise
-        uid = (claim.get("metadata") or {}).get("uid")
+        claim = claimwire.view(message)
+        uid = claim["metadata"]["uid"]
         node = allocated_node(claim)
         if uid != ref.uid or node != self.node:
             bound.info(
@@ -344,7 +333,9 @@ class ClaimStatusWriter:
             return "unchanged"
         started = time.perf_counter()
         try:
-            self.api.replace(ref.namespace, ref.name, with_entries(claim, entries), self.timeout)
+            self.api.replace(
+                ref.namespace, ref.name, claimwire.with_devices(message, entries), self.timeout
+            )
         except ApiException as exc:
             if exc.status == 404:
                 bound.info("claim deleted before its device status was written")

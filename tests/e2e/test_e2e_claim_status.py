@@ -6,6 +6,7 @@ shows), and the real API server lets a plugin write only claims allocated on its
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -23,8 +24,9 @@ from plugin_fixtures import (  # noqa: E402
     wait_for,
 )
 
-from dra_driver.observe.claimstatus import CONDITION_TYPE, with_entries  # noqa: E402
-from dra_driver.observe.claimstatuswriter import ApiClaimStatus, compact_json  # noqa: E402
+from dra_driver.observe.claimstatus import CONDITION_TYPE  # noqa: E402
+from dra_driver.observe.claimstatuswriter import ApiClaimStatus  # noqa: E402
+from dra_driver.observe.claimwire import with_devices  # noqa: E402
 from tests.support.k8sschema import validate  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -116,13 +118,24 @@ def test_sm_sharing_claim_reports_its_active_thread_percentage(e2e: E2E) -> None
     assert "at most 40% of the GPU's SMs" in entry["conditions"][0]["message"]
 
 
-def test_another_drivers_parameters_written_by_kubectl_survive_the_status_write(
-    e2e: E2E,
-) -> None:
-    """A claim template as kubectl (Go) writes it: another driver's opaque parameters with
-    ``&``, ``<`` and ``>``, which Go escapes as ``\\u0026``... The API server keeps those bytes
-    and compares the status update's allocation with them; the plugin's write once sent them
-    unescaped and every write of such a claim was refused with 422."""
+GO_ESCAPES = {ord(c): f"\\u{ord(c):04x}" for c in "&<>"}
+
+ENCODINGS = {
+    # kubectl and every Go client: compact, & < > escaped as \u0026...
+    "go": lambda doc: json.dumps(doc, separators=(",", ":")).translate(GO_ESCAPES),
+    # the official Python client: json.dumps' ", " and ": ", nothing escaped
+    "python": json.dumps,
+}
+
+
+@pytest.mark.parametrize("encoding", list(ENCODINGS))
+def test_another_drivers_parameters_survive_the_status_write(e2e: E2E, encoding: str) -> None:
+    """A claim template as a Go client or the Python client writes it: another driver's opaque
+    parameters with ``&``, ``<`` and ``>``. The API server keeps those bytes as sent (spaces
+    and all), serves them compacted and escaped, and compares the status update's allocation
+    with the bytes kept: the plugin's JSON writes were refused with 422 ('status.allocation:
+    field cannot be modified once set'), first for the Go form, then, for every claim or
+    class created by the Python client, for the Python form; protobuf writes keep them."""
     spec = claim_spec("gpu-eighth", None, None, [ON_GPU.format(1)], None, None)
     spec["devices"]["config"] = [
         {
@@ -141,7 +154,7 @@ def test_another_drivers_parameters_written_by_kubectl_survive_the_status_write(
     resp = e2e.api.rest_client.pool_manager.request(
         "POST",
         f"{config.host}{path}",
-        body=compact_json(body, go_escapes=True),
+        body=ENCODINGS[encoding](body).encode(),
         headers={"Content-Type": "application/json"},
     )
     assert resp.status == 201, resp.data
@@ -187,7 +200,8 @@ def rewrite(api: ApiClaimStatus, claim: dict[str, Any]) -> None:
     for e in entries:
         e["conditions"][0]["message"] += " (rewritten)"
     meta = claim["metadata"]
-    api.replace(meta["namespace"], meta["name"], with_entries(claim, entries), 10)
+    message = api.read(meta["namespace"], meta["name"], 10)
+    api.replace(meta["namespace"], meta["name"], with_devices(message, entries), 10)
 
 
 def test_a_plugin_may_write_only_claims_allocated_on_its_node(e2e: E2E) -> None:

@@ -1,10 +1,13 @@
-"""The compiled protos match the kubelet's own ``.proto`` files, and the stubs are fresh.
+"""The compiled protos match the kubelet's own ``.proto`` files and the Kubernetes API's, and
+the stubs are fresh.
 
 The reference is the ``k8s.io/kubelet`` Go module at the version ``hack/k8s-tools/go.mod``
 pins (v0.37.2, the kubelet the e2e cluster runs). ``go mod download`` fetches it into the Go
 module cache (or finds it there); its ``pkg/apis/.../api.proto`` files are compiled with
 grpc_tools' protoc into ``FileDescriptorProto``s and compared, element by element, with the
-descriptors of the modules in ``dra_driver/_proto``.
+descriptors of the modules in ``dra_driver/_proto``. The ResourceClaim subset the claim status
+writer uses (``proto/k8s_resourceclaim.proto``) is compared field by field with the
+``generated.proto`` files of ``k8s.io/api`` and ``k8s.io/apimachinery`` at the same version.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from dra_driver._proto import (
     dra_v1beta1_pb2,
     health_v1_pb2,
     health_v1alpha1_pb2,
+    k8s_resourceclaim_pb2,
     registration_pb2,
 )
 from tests.support.paths import REPO
@@ -42,17 +46,17 @@ UPSTREAM = {
 FDP = descriptor_pb2.FieldDescriptorProto
 
 
-def _kubelet_module_dir() -> Path:
-    """Where the Go toolchain keeps the pinned k8s.io/kubelet module's files."""
+def _module_dir(module: str = KUBELET_MODULE) -> Path:
+    """Where the Go toolchain keeps the files of ``module`` as hack/k8s-tools/go.mod pins it."""
     go = shutil.which("go")
     if go is None:
         pytest.fail(
             "`go` is not on PATH: tests/integration/test_proto.py needs the Go toolchain to fetch "
-            f"the {KUBELET_MODULE} module (the kubelet's .proto files) pinned in "
+            f"the {module} module (its .proto files) pinned in "
             "hack/k8s-tools/go.mod. Install Go (see hack/k8s-tools/go.mod for the version)."
         )
     run = subprocess.run(
-        [go, "mod", "download", "-json", KUBELET_MODULE],
+        [go, "mod", "download", "-json", module],
         cwd=K8S_TOOLS,
         env={**os.environ, "GOWORK": "off"},
         capture_output=True,
@@ -61,12 +65,12 @@ def _kubelet_module_dir() -> Path:
     )
     if run.returncode != 0:
         pytest.fail(
-            f"`go mod download -json {KUBELET_MODULE}` in hack/k8s-tools failed "
+            f"`go mod download -json {module}` in hack/k8s-tools failed "
             f"(exit {run.returncode}):\n{run.stdout}{run.stderr}"
         )
     info = json.loads(run.stdout)
     if "Dir" not in info:
-        pytest.fail(f"`go mod download` did not unpack {KUBELET_MODULE}: {info}")
+        pytest.fail(f"`go mod download` did not unpack {module}: {info}")
     return Path(info["Dir"])
 
 
@@ -83,7 +87,7 @@ def upstream(
     ``gogoproto/gogo.proto`` on the include path declaring the extensions, since those options
     only steer the Go generator and change nothing on the wire.
     """
-    apis = _kubelet_module_dir() / "pkg" / "apis"
+    apis = _module_dir() / "pkg" / "apis"
     out = tmp_path_factory.mktemp("upstream") / "kubelet.pb"
     run = subprocess.run(
         [
@@ -222,3 +226,72 @@ def test_generated_stubs_are_fresh(tmp_path: Path) -> None:
         assert (tmp_path / rel).read_bytes() == (REPO / rel).read_bytes(), (
             f"{rel} is stale: run hack/gen-proto"
         )
+
+
+API_MODULES = ("k8s.io/api", "k8s.io/apimachinery")
+RESOURCE_CLAIM = "k8s.io/api/resource/v1/generated.proto"
+META = ".k8s.io.apimachinery.pkg.apis.meta.v1"
+RUNTIME = ".k8s.io.apimachinery.pkg.runtime"
+RESOURCE = ".k8s.io.api.resource.v1"
+CORE = ".k8s.io.api.core.v1"
+SUBSET = {
+    "Unknown": f"{RUNTIME}.Unknown",
+    "TypeMeta": f"{RUNTIME}.TypeMeta",
+    "ResourceClaim": f"{RESOURCE}.ResourceClaim",
+    "ObjectMeta": f"{META}.ObjectMeta",
+    "ResourceClaimStatus": f"{RESOURCE}.ResourceClaimStatus",
+    "AllocationResult": f"{RESOURCE}.AllocationResult",
+    "NodeSelector": f"{CORE}.NodeSelector",
+    "NodeSelectorTerm": f"{CORE}.NodeSelectorTerm",
+    "NodeSelectorRequirement": f"{CORE}.NodeSelectorRequirement",
+    "AllocatedDeviceStatus": f"{RESOURCE}.AllocatedDeviceStatus",
+    "Condition": f"{META}.Condition",
+    "Time": f"{META}.Time",
+    "RawExtension": f"{RUNTIME}.RawExtension",
+}
+"""Our message of the subset -> the Kubernetes API message it stands for."""
+
+
+@pytest.fixture(scope="module")
+def api_messages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Full name -> ``DescriptorProto`` of every message ResourceClaim's generated.proto
+    defines or imports, compiled by protoc from the pinned modules."""
+    out = tmp_path_factory.mktemp("api") / "api.pb"
+    paths = [f"--proto_path={m}={_module_dir(m)}" for m in API_MODULES]
+    run = subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", *paths, "--include_imports",
+         f"--descriptor_set_out={out}", RESOURCE_CLAIM],
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert run.returncode == 0, f"protoc failed on the Kubernetes API protos:\n{run.stderr}"
+    messages = {}
+    for f in descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file:
+        for m in f.message_type:
+            messages[f".{f.package}.{m.name}"] = m
+    return messages
+
+
+def test_resource_claim_subset_has_the_api_field_numbers(api_messages: dict[str, Any]) -> None:
+    """Each field of the subset is the API's field of that name and number. A field the subset
+    declares ``bytes`` where the API has a message carries the encoded message (same wire
+    type, passed through unread); a message field must name the subset's stand-in for the
+    API's message type."""
+    ours = descriptor_pb2.FileDescriptorProto()
+    k8s_resourceclaim_pb2.DESCRIPTOR.CopyToProto(ours)
+    assert sorted(m.name for m in ours.message_type) == sorted(SUBSET)
+    stand_in = {f".{ours.package}.{name}": full for name, full in SUBSET.items()}
+    for message in ours.message_type:
+        theirs = {f.name: f for f in api_messages[SUBSET[message.name]].field}
+        for field in message.field:
+            where = f"{message.name}.{field.name}"
+            assert field.name in theirs, f"{where}: no such field in {SUBSET[message.name]}"
+            api = theirs[field.name]
+            assert (field.number, field.label) == (api.number, api.label), where
+            if field.type == FDP.TYPE_MESSAGE:
+                assert api.type == FDP.TYPE_MESSAGE, where
+                assert stand_in[field.type_name] == api.type_name, where
+            elif field.type == FDP.TYPE_BYTES and api.type == FDP.TYPE_MESSAGE:
+                continue
+            else:
+                assert field.type == api.type, where

@@ -18,6 +18,8 @@ from typing import Any, Self
 
 from kubernetes import client as k8s
 
+from dra_driver._proto import k8s_resourceclaim_pb2 as pb
+from dra_driver.observe import claimwire
 from dra_driver.prepare.reads import CLAIM_READERS
 
 _CLAIM_PATH = re.compile(r"^/apis/resource\.k8s\.io/v1/namespaces/([^/]+)/resourceclaims/([^/?]+)")
@@ -48,12 +50,19 @@ class ApiStub:
     """The headers of every request received, in order."""
 
     def handle_raw(self, method: str, path: str, raw: bytes) -> tuple[int, Any]:
-        """:meth:`handle` of the parsed body; override to see the body's bytes."""
+        """:meth:`handle` of the parsed body; override to see the body's bytes. A ``bytes``
+        answer is sent as protobuf."""
         return self.handle(method, path, json.loads(raw) if raw else {})
+
+    def request_headers(self) -> dict[str, str]:
+        """The headers of the request this thread is answering."""
+        headers: dict[str, str] = self._local.headers
+        return headers
 
     def __init__(self) -> None:
         stub = self
         self.headers = []
+        self._local = threading.local()
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # keep-alive, as kube-apiserver
@@ -63,6 +72,7 @@ class ApiStub:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
                 stub.headers.append(dict(self.headers))
+                stub._local.headers = dict(self.headers)
                 try:
                     status, reply = stub.handle_raw(self.command, self.path, raw)
                 except StubError as exc:
@@ -75,9 +85,13 @@ class ApiStub:
                         "code": exc.status,
                         **({"message": exc.message} if exc.message else {}),
                     }
-                data = json.dumps(reply).encode()
+                ctype = "application/json"
+                if isinstance(reply, bytes):  # a protobuf body
+                    data, ctype = reply, claimwire.CONTENT_TYPE
+                else:
+                    data = json.dumps(reply).encode()
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 # The client may have given up waiting (a hung request timed out).
@@ -173,70 +187,92 @@ _STATUS_PATH = re.compile(
 
 
 class ClaimStatusServer(ClaimServer):
-    """A :class:`ClaimServer` that also takes updates of claims' ``status``
-    (``PUT .../resourceclaims/<name>/status``), as the API server does: a body whose
-    ``metadata.uid`` or ``metadata.resourceVersion`` differs from the stored claim's is refused
-    with 409, and one whose ``status.allocation`` differs from the stored one (compared as the
-    raw bytes of each opaque ``parameters``, as the API server compares them) with 422 and the
-    API server's message; else the body's status is stored and the resourceVersion bumped.
-    The stored bytes are those the claim's writer sent: by default a Go client's (compact,
-    ``&``, ``<``, ``>`` escaped as ``\\u0026``...), with ``go_client=False`` a client that
-    escapes nothing. ``updates`` records the raw body of each PUT; ``update_failures`` lists
-    HTTP statuses to answer the next PUTs with, one each."""
+    """A :class:`ClaimServer` that also speaks the API server's protobuf for claims, as the
+    claim status writer uses it (:mod:`dra_driver.observe.claimwire`): a GET asking for
+    protobuf gets the claim encoded, and ``PUT .../resourceclaims/<name>/status`` takes an
+    update in protobuf. As the API server does, it refuses with 409 an update whose
+    ``metadata.uid`` or ``resourceVersion`` differs from the stored claim's, and with 422 and
+    the API server's message one whose ``status.allocation`` bytes differ from those stored:
+    the allocation as its creator sent it (:meth:`add`'s ``sent``: by default a Go client's
+    compact JSON), which a JSON client could not send back unchanged. Else the update's
+    ``status.devices`` are stored and the resourceVersion bumped. ``updates`` records the raw
+    body of each PUT; ``update_failures`` lists HTTP statuses (or ``(status, message)``) to
+    answer the next PUTs with, one each."""
 
     def __init__(self) -> None:
         super().__init__()
         self.updates: list[bytes] = []
-        self.update_failures: list[int] = []
-        self.stored_parameters: dict[tuple[str, str], list[bytes]] = {}
+        self.update_failures: list[int | tuple[int, str]] = []
+        self.allocations: dict[tuple[str, str], bytes] = {}
 
-    def add(self, claim: dict[str, Any], go_client: bool = True) -> None:
+    def add(self, claim: dict[str, Any], sent: bytes | None = None) -> None:
+        """Store ``claim``; ``sent``: the bytes its creator sent for
+        ``status.allocation.devices`` (default: compact JSON, keys as given)."""
         claim["metadata"].setdefault("resourceVersion", "1")
         super().add(claim)
         meta = claim["metadata"]
-        sent = _compact(claim)
-        if go_client:
-            sent = re.sub(rb"[&<>]", lambda m: b"\\u%04x" % ord(m.group()), sent)
-        self.stored_parameters[(meta["namespace"], meta["name"])] = _allocation_bytes(sent)
+        allocation = (claim.get("status") or {}).get("allocation")
+        if allocation is None:
+            return
+        message = pb.AllocationResult(devices=sent or _compact(allocation.get("devices") or {}))
+        terms = (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []
+        for t in terms:
+            term = message.nodeSelector.nodeSelectorTerms.add()
+            for kind in ("matchExpressions", "matchFields"):
+                for r in t.get(kind) or []:
+                    getattr(term, kind).add(
+                        key=r["key"], operator=r["operator"], values=r.get("values") or []
+                    )
+        self.allocations[(meta["namespace"], meta["name"])] = message.SerializeToString()
+
+    def encoded(self, key: tuple[str, str]) -> bytes:
+        """The stored claim ``key`` as a protobuf body."""
+        claim = self.claims[key]
+        meta = claim["metadata"]
+        message = pb.ResourceClaim()
+        message.metadata.name, message.metadata.namespace = meta["name"], meta["namespace"]
+        message.metadata.uid, message.metadata.resourceVersion = (
+            meta["uid"],
+            meta["resourceVersion"],
+        )
+        if key in self.allocations:
+            message.status.allocation = self.allocations[key]
+        for d in (claim.get("status") or {}).get("devices") or []:
+            message.status.devices.append(claimwire.device_message(d))
+        return claimwire.encode(message)
 
     def handle_raw(self, method: str, path: str, raw: bytes) -> tuple[int, Any]:
         m = _STATUS_PATH.match(path)
+        claim = _CLAIM_PATH.match(path)
+        wants_protobuf = claimwire.CONTENT_TYPE in (self.request_headers().get("Accept") or "")
+        if method == "GET" and claim and wants_protobuf:
+            status, _ = super().handle_raw(method, path, raw)  # 404s, hangs and counts
+            return status, self.encoded((claim.group(1), claim.group(2)))
         if method != "PUT" or not m:
             return super().handle_raw(method, path, raw)
         self.updates.append(raw)
         if self.update_failures:
-            raise StubError(self.update_failures.pop(0), "Injected")
-        stored = self.claims.get((m.group(1), m.group(2)))
+            failure = self.update_failures.pop(0)
+            code, message = failure if isinstance(failure, tuple) else (failure, "")
+            raise StubError(code, "Injected", message)
+        key = (m.group(1), m.group(2))
+        stored = self.claims.get(key)
         if stored is None:
             raise StubError(404, "NotFound")
-        sent = json.loads(raw)
-        meta = sent["metadata"]
-        if (meta.get("uid"), meta.get("resourceVersion")) != (
+        sent = claimwire.decode(raw)
+        if (sent.metadata.uid, sent.metadata.resourceVersion) != (
             stored["metadata"]["uid"],
             stored["metadata"]["resourceVersion"],
         ):
             raise StubError(409, "Conflict")
-        if _allocation_bytes(raw) != self.stored_parameters[(m.group(1), m.group(2))]:
+        if sent.status.allocation != self.allocations.get(key, b""):
             raise StubError(422, "Invalid", ALLOCATION_MODIFIED)
-        stored["status"] = sent["status"]
+        stored.setdefault("status", {})["devices"] = [
+            claimwire.device_json(d) for d in sent.status.devices
+        ]
         stored["metadata"]["resourceVersion"] = str(int(stored["metadata"]["resourceVersion"]) + 1)
         return 200, stored
 
 
 def _compact(doc: Any) -> bytes:
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def _allocation_bytes(raw: bytes) -> list[bytes]:
-    """The raw bytes of every opaque ``parameters`` object in ``raw``'s allocation (the API
-    server keeps them as sent and compares them byte by byte)."""
-    allocation = raw[raw.find(b'"allocation":') :]
-    out = []
-    for m in re.finditer(rb'"parameters":', allocation):
-        start, depth = m.end(), 0
-        for i in range(start, len(allocation)):
-            depth += {ord("{"): 1, ord("}"): -1}.get(allocation[i], 0)
-            if depth == 0:
-                out.append(allocation[start : i + 1])
-                break
-    return out

@@ -1,0 +1,139 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Unknown(_message.Message):
+    __slots__ = ("typeMeta", "raw", "contentEncoding", "contentType")
+    TYPEMETA_FIELD_NUMBER: _ClassVar[int]
+    RAW_FIELD_NUMBER: _ClassVar[int]
+    CONTENTENCODING_FIELD_NUMBER: _ClassVar[int]
+    CONTENTTYPE_FIELD_NUMBER: _ClassVar[int]
+    typeMeta: TypeMeta
+    raw: bytes
+    contentEncoding: str
+    contentType: str
+    def __init__(self, typeMeta: _Optional[_Union[TypeMeta, _Mapping]] = ..., raw: _Optional[bytes] = ..., contentEncoding: _Optional[str] = ..., contentType: _Optional[str] = ...) -> None: ...
+
+class TypeMeta(_message.Message):
+    __slots__ = ("apiVersion", "kind")
+    APIVERSION_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    apiVersion: str
+    kind: str
+    def __init__(self, apiVersion: _Optional[str] = ..., kind: _Optional[str] = ...) -> None: ...
+
+class ResourceClaim(_message.Message):
+    __slots__ = ("metadata", "spec", "status")
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    metadata: ObjectMeta
+    spec: bytes
+    status: ResourceClaimStatus
+    def __init__(self, metadata: _Optional[_Union[ObjectMeta, _Mapping]] = ..., spec: _Optional[bytes] = ..., status: _Optional[_Union[ResourceClaimStatus, _Mapping]] = ...) -> None: ...
+
+class ObjectMeta(_message.Message):
+    __slots__ = ("name", "namespace", "uid", "resourceVersion")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    RESOURCEVERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    namespace: str
+    uid: str
+    resourceVersion: str
+    def __init__(self, name: _Optional[str] = ..., namespace: _Optional[str] = ..., uid: _Optional[str] = ..., resourceVersion: _Optional[str] = ...) -> None: ...
+
+class ResourceClaimStatus(_message.Message):
+    __slots__ = ("allocation", "reservedFor", "devices")
+    ALLOCATION_FIELD_NUMBER: _ClassVar[int]
+    RESERVEDFOR_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    allocation: bytes
+    reservedFor: _containers.RepeatedScalarFieldContainer[bytes]
+    devices: _containers.RepeatedCompositeFieldContainer[AllocatedDeviceStatus]
+    def __init__(self, allocation: _Optional[bytes] = ..., reservedFor: _Optional[_Iterable[bytes]] = ..., devices: _Optional[_Iterable[_Union[AllocatedDeviceStatus, _Mapping]]] = ...) -> None: ...
+
+class AllocationResult(_message.Message):
+    __slots__ = ("devices", "nodeSelector")
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    NODESELECTOR_FIELD_NUMBER: _ClassVar[int]
+    devices: bytes
+    nodeSelector: NodeSelector
+    def __init__(self, devices: _Optional[bytes] = ..., nodeSelector: _Optional[_Union[NodeSelector, _Mapping]] = ...) -> None: ...
+
+class NodeSelector(_message.Message):
+    __slots__ = ("nodeSelectorTerms",)
+    NODESELECTORTERMS_FIELD_NUMBER: _ClassVar[int]
+    nodeSelectorTerms: _containers.RepeatedCompositeFieldContainer[NodeSelectorTerm]
+    def __init__(self, nodeSelectorTerms: _Optional[_Iterable[_Union[NodeSelectorTerm, _Mapping]]] = ...) -> None: ...
+
+class NodeSelectorTerm(_message.Message):
+    __slots__ = ("matchExpressions", "matchFields")
+    MATCHEXPRESSIONS_FIELD_NUMBER: _ClassVar[int]
+    MATCHFIELDS_FIELD_NUMBER: _ClassVar[int]
+    matchExpressions: _containers.RepeatedCompositeFieldContainer[NodeSelectorRequirement]
+    matchFields: _containers.RepeatedCompositeFieldContainer[NodeSelectorRequirement]
+    def __init__(self, matchExpressions: _Optional[_Iterable[_Union[NodeSelectorRequirement, _Mapping]]] = ..., matchFields: _Optional[_Iterable[_Union[NodeSelectorRequirement, _Mapping]]] = ...) -> None: ...
+
+class NodeSelectorRequirement(_message.Message):
+    __slots__ = ("key", "operator", "values")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    operator: str
+    values: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, key: _Optional[str] = ..., operator: _Optional[str] = ..., values: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AllocatedDeviceStatus(_message.Message):
+    __slots__ = ("driver", "pool", "device", "conditions", "data", "networkData", "shareID")
+    DRIVER_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    CONDITIONS_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    NETWORKDATA_FIELD_NUMBER: _ClassVar[int]
+    SHAREID_FIELD_NUMBER: _ClassVar[int]
+    driver: str
+    pool: str
+    device: str
+    conditions: _containers.RepeatedCompositeFieldContainer[Condition]
+    data: RawExtension
+    networkData: bytes
+    shareID: str
+    def __init__(self, driver: _Optional[str] = ..., pool: _Optional[str] = ..., device: _Optional[str] = ..., conditions: _Optional[_Iterable[_Union[Condition, _Mapping]]] = ..., data: _Optional[_Union[RawExtension, _Mapping]] = ..., networkData: _Optional[bytes] = ..., shareID: _Optional[str] = ...) -> None: ...
+
+class Condition(_message.Message):
+    __slots__ = ("type", "status", "observedGeneration", "lastTransitionTime", "reason", "message")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    OBSERVEDGENERATION_FIELD_NUMBER: _ClassVar[int]
+    LASTTRANSITIONTIME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    type: str
+    status: str
+    observedGeneration: int
+    lastTransitionTime: Time
+    reason: str
+    message: str
+    def __init__(self, type: _Optional[str] = ..., status: _Optional[str] = ..., observedGeneration: _Optional[int] = ..., lastTransitionTime: _Optional[_Union[Time, _Mapping]] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class Time(_message.Message):
+    __slots__ = ("seconds", "nanos")
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    NANOS_FIELD_NUMBER: _ClassVar[int]
+    seconds: int
+    nanos: int
+    def __init__(self, seconds: _Optional[int] = ..., nanos: _Optional[int] = ...) -> None: ...
+
+class RawExtension(_message.Message):
+    __slots__ = ("raw",)
+    RAW_FIELD_NUMBER: _ClassVar[int]
+    raw: bytes
+    def __init__(self, raw: _Optional[bytes] = ...) -> None: ...
