@@ -11,6 +11,7 @@ from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.infra import logs
 from dra_driver.infra.budget import DEFAULT_CALL_BUDGET_S, KUBELET_CALL_TIMEOUT_S
 from dra_driver.kubelet.server import DEFAULT_PLUGIN_DIR, DEFAULT_REGISTRY_DIR
+from dra_driver.prepare.orphans import FIRST_SWEEP_AFTER_S, SWEEP_INTERVAL_S
 
 DEFAULT_CDI_ROOT = "/var/run/cdi"
 DEFAULT_STATE_DIR = "/var/lib/gpu-fraction-dra"
@@ -237,6 +238,21 @@ def _add_plugin_enforcement(p: argparse.ArgumentParser) -> None:
         type=float,
         default=30.0,
         help="seconds between slice syncs (default %(default)g)",
+    )
+    p.add_argument(
+        "--orphan-sweep-interval",
+        type=float,
+        default=SWEEP_INTERVAL_S,
+        help="seconds between two sweeps for prepared claims that will never get their "
+        "Unprepare (claim deleted or no longer allocated here, no container of it running); "
+        f"0 turns the sweep off (default %(default)g; the first sweep runs "
+        f"{FIRST_SWEEP_AFTER_S:g} s after start, or --orphan-sweep-first)",
+    )
+    p.add_argument(
+        "--orphan-sweep-first",
+        type=float,
+        default=FIRST_SWEEP_AFTER_S,
+        help="seconds after start before the first orphan sweep (default %(default)g)",
     )
     p.add_argument(
         "--claim-device-status",

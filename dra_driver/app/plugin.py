@@ -42,6 +42,7 @@ from dra_driver.observe.podevents import PodEvents
 from dra_driver.observe.usage import MpsUsageSource
 from dra_driver.prepare.checkpoint import read_boot_id
 from dra_driver.prepare.claims import ApiClaimReader
+from dra_driver.prepare.orphans import FIRST_SWEEP_AFTER_S, SWEEP_INTERVAL_S, OrphanSweep
 from dra_driver.prepare.preparation import ClaimPreparation
 from dra_driver.prepare.reads import CLAIM_READERS
 from dra_driver.publish.nodeowner import node_owner_uid
@@ -69,6 +70,8 @@ class PluginOptions:
     metrics_bind_address: str = "127.0.0.1"
     publish_interval: float = 30.0
     health_interval: float = 20.0
+    orphan_sweep_interval: float = SWEEP_INTERVAL_S
+    orphan_sweep_first: float = FIRST_SWEEP_AFTER_S
     call_budget: float = DEFAULT_CALL_BUDGET_S
     claim_device_status: bool = True
     mps: MpsOptions = field(default_factory=MpsOptions)
@@ -326,6 +329,23 @@ class RunningPlugin:
             enforcer.report_terminations(event_on_terminations(events))
             checks["mps-outages"] = outages.check
         self._thread("prepared-claims", watch_prepared, checks, preparation, self.stop)
+        if opts.orphan_sweep_interval > 0:
+            sweep = OrphanSweep(
+                preparation,
+                preparation.prepared_refs,
+                ApiClaimReader(api),
+                lambda uid: bool(watch.running(watch.records(uid))),
+                opts.driver_name,
+                opts.node_name,
+                metrics,
+            )
+            self._thread(
+                "orphan-sweep",
+                sweep.run,
+                self.stop,
+                opts.orphan_sweep_first,
+                opts.orphan_sweep_interval,
+            )
         return preparation
 
     def _publish(

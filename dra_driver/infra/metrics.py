@@ -26,6 +26,11 @@ class Metrics:
             claims found replaced (a new PID: the server failed and was re-created, or its
             control daemon was restarted), per GPU UUID of the server and compute mode; their
             running clients lost their connection.
+        ``dra_gpu_fraction_orphaned_claims_released_total{reason}``: prepared claims the plugin
+            released itself because no Unprepare would come (``gone``: the claim was deleted;
+            ``not_allocated_here``: it is no longer allocated to this node), none of their
+            containers running (``docs/admin-guide.md``, "Claims that never get their
+            Unprepare").
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -68,6 +73,13 @@ class Metrics:
             "MPS servers of prepared claims found replaced (their clients lost their"
             " connection), by GPU UUID and compute mode",
             ["gpu", "mode"],
+            registry=self.registry,
+        )
+        self.orphaned_claims_released = Counter(
+            "dra_gpu_fraction_orphaned_claims_released",
+            "Prepared claims released by the plugin because no Unprepare would come, by reason"
+            " (gone, not_allocated_here)",
+            ["reason"],
             registry=self.registry,
         )
         self.duration = Histogram(

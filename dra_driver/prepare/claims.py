@@ -18,6 +18,10 @@ class ClaimReadTimeout(PrepareError):
     """The API server did not answer a claim read within the time given."""
 
 
+class ClaimNotFound(PrepareError):
+    """The API server answered 404: no claim of that namespace and name."""
+
+
 class ClaimReader(Protocol):
     """Reads one ResourceClaim by namespace and name."""
 
@@ -26,7 +30,8 @@ class ClaimReader(Protocol):
 
         Raises:
             ClaimReadTimeout: no answer within ``timeout``.
-            PrepareError: the claim does not exist or the API server refused the read.
+            ClaimNotFound: the claim does not exist.
+            PrepareError: the API server refused the read.
         """
         ...
 
@@ -60,7 +65,7 @@ class ApiClaimReader:
             ) from exc
         except ApiException as exc:
             if exc.status == 404:
-                raise PrepareError(f"claim {namespace}/{name} not found") from exc
+                raise ClaimNotFound(f"claim {namespace}/{name} not found") from exc
             raise PrepareError(
                 f"reading claim {namespace}/{name} failed: HTTP {exc.status} {exc.reason}"
             ) from exc

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -327,7 +327,30 @@ class ClaimPreparation:
     def unprepare(self, refs: Iterable[ClaimRef]) -> dict[str, str]:
         """Unprepare each claim (unknown claims succeed); returns error text by UID ("" = ok).
         See :class:`~dra_driver.prepare.unpreparation.Unpreparation`."""
-        work = Unpreparation(
+        results = run_call("unprepare", refs, self.call_budget, self.metrics, self._unprep().call)
+        return {uid: r or "" for uid, r in results.items()}
+
+    def release_orphan(self, ref: ClaimRef, still: Callable[[], bool]) -> str | None:
+        """Unprepare ``ref`` as the kubelet's call would, if it is still recorded and
+        ``still()`` (the orphan sweep's last read of the claim,
+        :mod:`dra_driver.prepare.orphans`) holds under the prepare lock. Returns None once
+        released, else why not (kept, or the error text of a failed Unprepare)."""
+        confirmed = []
+
+        def check(r: ClaimRef) -> bool:
+            confirmed.append(r.uid in self.checkpoint.claims and still())
+            return confirmed[-1]
+
+        work = replace(self._unprep(), still=check)
+        result = run_call("unprepare", [ref], self.call_budget, self.metrics, work.call)[ref.uid]
+        if result:
+            return result
+        if confirmed and confirmed[-1]:
+            return None
+        return "kept: already unprepared, or found live on a last read under the prepare lock"
+
+    def _unprep(self) -> Unpreparation:
+        return Unpreparation(
             self.lock,
             self.checkpoint,
             self.enforcer,
@@ -335,8 +358,13 @@ class ClaimPreparation:
             self.pod_claims,
             self.unprepared_here,
         )
-        results = run_call("unprepare", refs, self.call_budget, self.metrics, work.call)
-        return {uid: r or "" for uid, r in results.items()}
+
+    def prepared_refs(self) -> list[ClaimRef]:
+        """The identity of every prepared claim (safe without the lock, as
+        :meth:`prepared_plans`)."""
+        return [
+            ClaimRef(r.namespace, r.name, uid) for uid, r in list(self.checkpoint.claims.items())
+        ]
 
     def prepared_plans(self) -> list[ClaimPlan]:
         """Plans of every prepared claim (for metrics and health); safe without the lock.

@@ -8,6 +8,7 @@ those claims fail, so the kubelet's retry finds them again (memory never runs ah
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
@@ -31,7 +32,10 @@ log = structlog.get_logger(__name__)
 class Unpreparation:
     """The parts an Unprepare call changes: the lock it holds, the checkpoint whose records
     go first, then each claim's enforcement, CDI spec and pod record; ``unprepared`` notes
-    each claim this plugin unprepared (for a Prepare that lost the lock to it)."""
+    each claim this plugin unprepared (for a Prepare that lost the lock to it); ``still``,
+    when given, is asked under the lock whether each claim may still go (the orphan sweep's
+    last read, :mod:`dra_driver.prepare.orphans`), and a claim it keeps is left as it is
+    (result None)."""
 
     lock: PrepareLock
     checkpoint: Checkpoint
@@ -39,6 +43,7 @@ class Unpreparation:
     cdi: CdiSpecs
     pod_claims: PodClaims
     unprepared: UnpreparedLog
+    still: Callable[[ClaimRef], bool] | None = None
 
     def call(self, refs: list[ClaimRef], call: Budget) -> dict[str, None | Exception]:
         """The claims of one Unprepare call: per claim UID None (done; unknown claims too) or
@@ -56,8 +61,11 @@ class Unpreparation:
                     validate_uid(ref.uid)
                 except PrepareError as exc:
                     results[ref.uid] = exc
-                else:
+                    continue
+                if self.still is None or self.still(ref):
                     valid.append(ref)
+                else:
+                    results[ref.uid] = None
             removed = {
                 r.uid: record
                 for r in valid

@@ -257,6 +257,8 @@ def driver_values(control_plane: Any) -> dict[str, Any]:
         "logLevel": "debug",
         "logFormat": "console",
         "publishInterval": 5,
+        # The orphan sweep's first read soon after a plugin start (test_e2e_orphans).
+        "orphanSweep": {"firstAfterSeconds": 5, "intervalSeconds": 600},
         # Only the e2e label; null removes the chart's default selector key (Helm merges maps).
         "nodeSelector": {NODE_LABEL: "true", "nvidia.com/gpu.present": None},
         "priorityClassName": "",
@@ -691,7 +693,21 @@ class E2E:
             for n in self.nodes
         }
 
+    def allocated_claims(self) -> list[str]:
+        """Names of this namespace's ResourceClaims that are still allocated (the scheduler
+        counts their devices as taken)."""
+        items = raw(self.res.list_namespaced_resource_claim(self.namespace, _preload_content=False))
+        return [
+            c["metadata"]["name"]
+            for c in items["items"]
+            if (c.get("status") or {}).get("allocation")
+        ]
+
     def cleanup(self) -> None:
+        """Delete the namespace's pods and wait until the GPUs they used are free for the next
+        test: pods gone, their claims unprepared on every node and deallocated (a test that
+        starts while the scheduler still counts them can find no room: "cannot allocate all
+        claims")."""
         core = self.core
         pods = raw(core.list_namespaced_pod(self.namespace, _preload_content=False))["items"]
         for pod in pods:
@@ -700,11 +716,13 @@ class E2E:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             left = raw(core.list_namespaced_pod(self.namespace, _preload_content=False))["items"]
-            if not left and not any(self.prepared_here().values()):
+            if not left and not any(self.prepared_here().values()) and not self.allocated_claims():
                 break
             time.sleep(0.3)
         else:
-            print(f"cleanup of {self.namespace}: pods or prepared claims left after 60 s")
+            print(
+                f"cleanup of {self.namespace}: pods, prepared or allocated claims left after 60 s"
+            )
         with contextlib.suppress(ApiException):
             core.delete_namespace(self.namespace)
 
