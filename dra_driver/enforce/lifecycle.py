@@ -3,6 +3,7 @@ failed apply rolled back, and servers, compute modes and daemons nobody needs an
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Mapping, Sequence
 
 import structlog
@@ -146,9 +147,16 @@ class ClaimLifecycle:
             [t.gpu.uuid for t in hard],
             max((t.request_bytes for t in hard), default=0),
         )
+        self._drop_consumer_records(claim_uid)
         del self.ledger.claims[claim_uid]
         self._idle(applied.targets)
         bound.info("claim released", gpus=[t.gpu.uuid for t in applied.targets])
+
+    def _drop_consumer_records(self, claim_uid: str) -> None:
+        """Remove the consumer gate's records of a released claim (``<root>/users/<uid>``):
+        its containers can no longer start (the kubelet unprepares a claim only once its pods
+        are gone), and a release leaves nothing of the claim behind."""
+        shutil.rmtree(self.options.user_record_root / claim_uid, ignore_errors=True)
 
     def _teardown(
         self, targets: Sequence[FractionTarget], also_idle: Sequence[FractionTarget] = ()
@@ -206,6 +214,7 @@ class ClaimLifecycle:
             elif any(r.name == ns for r in daemon.control.namespace_list(server.name)):
                 removal.delete_orphan(daemon, server.name, ns, claim_uid)
         self.janitor.release(claim_uid, [], 0)
+        self._drop_consumer_records(claim_uid)
 
     def _log_target(
         self, bound: structlog.typing.FilteringBoundLogger, t: FractionTarget, pipe: str | None

@@ -207,6 +207,9 @@ def test_release_terminates_clients_then_deletes_and_cleans_up(tmp_path: Path) -
     records = tmp_path / "run/cgroups" / UID_A
     records.mkdir(parents=True)
     (records / "ctr1").write_text("/gone/leaf\n")
+    consumers = node.options.user_record_root / UID_A / "gpu-0-time-slicing"
+    consumers.mkdir(parents=True)
+    (consumers / "ctr1").write_text("1000 4242 99 ns/pod/main\n")
     before = len(node.mps.calls)
     node.enforcer.release(UID_A)
     cmds = node.mps.commands()[before:]
@@ -215,6 +218,7 @@ def test_release_terminates_clients_then_deletes_and_cleans_up(tmp_path: Path) -
     assert term < delete
     assert f"client terminate {pid_b}" not in cmds
     assert not records.exists()
+    assert not consumers.parent.exists()  # the consumer gate's records went with the claim
     assert namespaces(node, "time-slicing") == {ns(UID_B): (10 * GIB, 100)}
     assert not any(c.startswith("server delete") for c in cmds)
 
