@@ -3,8 +3,11 @@ taints, the MPS health check that feeds them, and the check of the claims' MPS c
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
 
 import structlog
 
@@ -12,10 +15,12 @@ from dra_driver.config.node import NodeConfig
 from dra_driver.enforce import FractionEnforcer
 from dra_driver.gpus import GpuSource
 from dra_driver.infra import budget
+from dra_driver.infra.atomicfile import write_atomic
 from dra_driver.infra.budget import CLIENT_CHECK_BUDGET_S, HEALTH_CHECK_BUDGET_S, Budget
 from dra_driver.infra.metrics import Metrics
 from dra_driver.model.devices import DeviceStatus, PublishedDevice
-from dra_driver.model.gpu import Inventory
+from dra_driver.model.gpu import GpuSourceError, Inventory
+from dra_driver.model.plans import ClaimPlan
 from dra_driver.publish.devicehealth import device_health
 from dra_driver.publish.devicetaints import DeviceTaint, TaintMemory
 from dra_driver.publish.offer import offered_devices
@@ -30,9 +35,18 @@ server's client table for at most about this long (``docs/enforcement.md``, "Cli
 class NodeState:
     """The node's current inventory and published devices, refreshed by :meth:`refresh`."""
 
-    def __init__(self, source: GpuSource, config: NodeConfig) -> None:
+    def __init__(
+        self,
+        source: GpuSource,
+        config: NodeConfig,
+        on_driver: Callable[[str | None], None] = lambda problem: None,
+    ) -> None:
         self.source = source
         self.config = config
+        self.on_driver = on_driver
+        """Called with :attr:`driver_problem` after the first discovery and whenever it
+        changes (the plugin records it for ``dra-driver status``)."""
+        self._discovered = False
         self._lock = threading.Lock()
         self.inventory = Inventory(gpus=())
         self._devices: dict[str, PublishedDevice] = {}
@@ -42,10 +56,33 @@ class NodeState:
         self.wake = threading.Event()
         """Set when the set of unhealthy GPUs changes: the publisher republishes at once."""
         self._taints = TaintMemory()
+        self.driver_problem: str | None = None
+        """Why the last discovery failed as a whole (the NVIDIA driver not loaded: NVML
+        cannot be initialised), or None; the node then offers no GPU."""
 
     def refresh(self) -> None:
-        """Re-discover GPUs and recompute the published devices."""
-        inventory = self.source.discover()
+        """Re-discover GPUs and recompute the published devices. A discovery that fails as a
+        whole (:class:`~dra_driver.model.gpu.GpuSourceError`: no NVIDIA driver) leaves the node
+        with no GPU and :attr:`driver_problem` set (logged once per change), so the plugin
+        keeps serving Unprepare and publishes no device until the driver is back."""
+        before = self.driver_problem
+        try:
+            inventory = self.source.discover()
+        except GpuSourceError as exc:
+            if str(exc) != before:
+                log.error(
+                    "no GPU can be discovered: publishing no devices and refusing Prepare until "
+                    "the NVIDIA driver answers; Unprepare still works",
+                    error=str(exc),
+                )
+            inventory, self.driver_problem = Inventory(gpus=()), str(exc)
+        else:
+            if before is not None:
+                log.info("the NVIDIA driver answers again", gpus=len(inventory.gpus))
+            self.driver_problem = None
+        if self.driver_problem != before or not self._discovered:
+            self._discovered = True
+            self.on_driver(self.driver_problem)
         devices = {d.name: d for d in offered_devices(inventory, self.config)}
         with self._lock:
             self.inventory, self._devices = inventory, devices
@@ -82,6 +119,55 @@ class NodeState:
         for uuid in before.keys() - taints.keys():
             log.info("GPU taint removed", gpu=uuid, taint=before[uuid].value)
         return inventory, taints
+
+
+DRIVER_STATE_FILE = "gpu-driver.json"
+"""Under the state directory: whether the last discovery reached the NVIDIA driver
+(``{"available": bool, "problem": str | null, "since": RFC 3339}``), for ``dra-driver
+status``."""
+
+
+def write_driver_state(state_dir: str, problem: str | None) -> None:
+    """Record the driver's state in :data:`DRIVER_STATE_FILE` (owner-only); a write that
+    fails is logged, never raised (discovery goes on)."""
+    doc = {
+        "available": problem is None,
+        "problem": problem,
+        "since": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    try:
+        write_atomic(Path(state_dir) / DRIVER_STATE_FILE, json.dumps(doc).encode(), 0o600)
+    except OSError as exc:
+        log.warning("GPU driver state not recorded", error=str(exc))
+
+
+DRIVER_CHECK_INTERVAL_S = 10.0
+"""Seconds between two discoveries while the NVIDIA driver does not answer."""
+
+
+def wait_for_driver(
+    state: NodeState,
+    started_without: bool,
+    restart: Callable[[str], None],
+    stop: threading.Event,
+    interval: float = DRIVER_CHECK_INTERVAL_S,
+) -> None:
+    """While the node has no NVIDIA driver (:attr:`NodeState.driver_problem`), discover again
+    every ``interval`` seconds; once discovery works after it failed (at start, when
+    ``started_without``, or later), call ``restart`` with the reason and return: a plugin that
+    started without GPUs computed its enforcement tiers, MPS checks and socket paths for none,
+    and a reloaded driver may have renumbered its device nodes, so a fresh start is what makes
+    every later Prepare use the new state."""
+    failed = started_without
+    while not stop.wait(interval):
+        if state.driver_problem is None and not failed:
+            continue  # the publisher's own discoveries set it when the driver goes
+        if state.driver_problem is not None:
+            failed = True
+            state.refresh()
+        if failed and state.driver_problem is None:
+            restart("the NVIDIA driver answers again after discovery failed")
+            return
 
 
 def repeat(step: Callable[[], bool], stop: threading.Event, interval: float) -> None:
@@ -154,3 +240,27 @@ def check_clients(
     for t in done:
         metrics.mps_clients_terminated.labels(reason=t.reason).inc(len(t.pids))
     return True
+
+
+PlanCheck = Callable[[list[ClaimPlan]], object]
+"""One check of the prepared claims' plans (its result is not used)."""
+
+
+def watch_prepared(
+    checks: Mapping[str, PlanCheck],
+    prepared: Callable[[], list[ClaimPlan]],
+    stop: threading.Event,
+    interval: float = 5.0,
+) -> None:
+    """Every ``interval`` seconds until ``stop`` is set, run each of ``checks`` (by name) on the
+    plans of the prepared claims (``prepared``): the consumer watch
+    (:mod:`dra_driver.observe.consumers`) and, with MPS, the outage conditions
+    (:mod:`dra_driver.observe.mpsoutages`). A check that fails is logged and the others still
+    run."""
+    while not stop.wait(interval):
+        plans = list(prepared())
+        for name, check in checks.items():
+            try:
+                check(plans)
+            except Exception:  # keep watching whatever happens
+                log.exception("check of the prepared claims failed", check=name)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from types import FrameType
 
@@ -14,15 +15,22 @@ import structlog
 from kubernetes import client as k8s
 from prometheus_client import start_http_server
 
-from dra_driver.app.nodestate import NodeState, police_clients, supervise
+from dra_driver.app.enforcement import make_enforcer
+from dra_driver.app.nodestate import (
+    NodeState,
+    PlanCheck,
+    police_clients,
+    supervise,
+    wait_for_driver,
+    watch_prepared,
+    write_driver_state,
+)
 from dra_driver.app.sockets import check_socket_paths
 from dra_driver.config.caps import CapPolicy
 from dra_driver.config.load import load_node_config
 from dra_driver.config.node import NodeConfig, warn_unmatched_selectors
-from dra_driver.enforce import FractionEnforcer, RecordingEnforcer
+from dra_driver.enforce import FractionEnforcer
 from dra_driver.enforce.enforcer import MpsEnforcer, MpsOptions
-from dra_driver.enforce.nvmlcontrol import NvmlFacade, PynvmlFacade
-from dra_driver.enforce.simnvml import SimulatedNvml
 from dra_driver.enforce.tiers import EnforcementReport, detect_enforcement
 from dra_driver.gpus import open_source, simnode
 from dra_driver.infra.atomicfile import private_dir
@@ -30,16 +38,14 @@ from dra_driver.infra.budget import DEFAULT_CALL_BUDGET_S
 from dra_driver.infra.kubeconfig import api_client
 from dra_driver.infra.locking import PrepareLock
 from dra_driver.infra.metrics import Metrics
-from dra_driver.infra.runner import SubprocessRunner
 from dra_driver.kubelet.server import PluginServer, SocketPaths
 from dra_driver.model.plans import ClaimPlan
-from dra_driver.observe.accounting import UsageSource, register_accounting
+from dra_driver.observe.accounting import register_accounting
 from dra_driver.observe.claimstatus import ClientsCondition
 from dra_driver.observe.claimstatuswriter import ClaimStatusWriter
 from dra_driver.observe.consumers import ClaimConsumers, ConsumerWatch
 from dra_driver.observe.mpsoutages import MpsOutageReport, event_on_terminations
 from dra_driver.observe.podevents import PodEvents
-from dra_driver.observe.usage import MpsUsageSource
 from dra_driver.prepare.checkpoint import read_boot_id
 from dra_driver.prepare.claims import ApiClaimReader
 from dra_driver.prepare.orphans import FIRST_SWEEP_AFTER_S, SWEEP_INTERVAL_S, OrphanSweep
@@ -91,53 +97,14 @@ class PluginOptions:
         return Path(self.simulation_root or Path(self.state_dir) / "simulated")
 
 
-PlanCheck = Callable[[list[ClaimPlan]], object]
-"""One check of the prepared claims' plans (its result is not used)."""
-
-
-def watch_prepared(
-    checks: Mapping[str, PlanCheck],
-    preparation: ClaimPreparation,
-    stop: threading.Event,
-    interval: float = 5.0,
-) -> None:
-    """Every ``interval`` seconds until ``stop`` is set, run each of ``checks`` (by name) on the
-    prepared claims: the consumer watch (:mod:`dra_driver.observe.consumers`) and, with MPS,
-    the outage conditions (:mod:`dra_driver.observe.mpsoutages`). A check that fails is logged
-    and the others still run."""
-    while not stop.wait(interval):
-        plans = list(preparation.prepared_plans())
-        for name, check in checks.items():
-            try:
-                check(plans)
-            except Exception:  # keep watching whatever happens
-                log.exception("check of the prepared claims failed", check=name)
-
-
-def make_enforcer(
-    opts: PluginOptions, report: EnforcementReport, state: NodeState
-) -> tuple[FractionEnforcer, UsageSource | None]:
-    """The enforcer for this node and its usage source for accounting.
-
-    The MPS enforcer: with NVML on real GPUs; on simulated ones with simulated NVML
-    (:mod:`dra_driver.enforce.simnvml`) and the MPS emulator as the control program. Simulated
-    GPUs with ``--simulated-enforcer recording`` get the :class:`RecordingEnforcer` instead (no
-    MPS at all; it creates the pipe directories its specs mount).
-    """
-    if opts.simulated and opts.simulated_enforcer == "recording":
-        return RecordingEnforcer(tiers=report.tiers, options=opts.mps, make_dirs=True), None
-    nvml: NvmlFacade
-    if opts.simulated:
-        nvml = SimulatedNvml(opts.sim_root / "nvml", state.present_uuids)
-    else:
-        nvml = PynvmlFacade()
-    options = replace(opts.mps, dmem_backend=report.node.dmem_backend)
-    enforcer = MpsEnforcer(report.tiers, nvml, SubprocessRunner(), options)
-    return enforcer, MpsUsageSource(enforcer, nvml)
+RESTART_EXIT_CODE = 3
+"""Exit code of a plugin that stopped to start afresh (not a failure)."""
 
 
 def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
-    """Run the plugin until SIGTERM/SIGINT (or ``stop``); returns the exit code.
+    """Run the plugin until SIGTERM/SIGINT (or ``stop``); returns the exit code: 0, or
+    :data:`RESTART_EXIT_CODE` when the plugin stopped to start afresh (the NVIDIA driver
+    answered again after discovery failed; the kubelet restarts the container).
 
     Raises:
         DriverError, ConfigException, OSError: start-up failed; whatever had started (servers,
@@ -157,7 +124,7 @@ def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
     with RunningPlugin(opts, stop) as plugin:
         log.info("kubelet plugin running", node=opts.node_name, gpus=plugin.gpu_count)
         stop.wait()
-    return 0
+    return plugin.exit_code
 
 
 @dataclass(frozen=True)
@@ -192,7 +159,14 @@ class RunningPlugin:
         self.opts = opts
         self.stop = stop
         self.gpu_count = 0
+        self.exit_code = 0
         self._stack = ExitStack()
+
+    def restart(self, reason: str) -> None:
+        """Stop the plugin with :data:`RESTART_EXIT_CODE`, so that it starts afresh."""
+        log.warning("stopping the plugin to start afresh", reason=reason)
+        self.exit_code = RESTART_EXIT_CODE
+        self.stop.set()
 
     def __enter__(self) -> RunningPlugin:
         try:
@@ -219,11 +193,22 @@ class RunningPlugin:
             control_binary=node.opts.mps.control_binary,
             hook_path=node.opts.mps.ctk_hook_path,
         )
-        enforcer, usage = make_enforcer(node.opts, report, node.state)
+        opts = node.opts
+        sim_root = opts.sim_root if opts.simulated else None
+        recording = opts.simulated_enforcer == "recording"
+        enforcer, usage = make_enforcer(opts.mps, report, node.state, sim_root, recording)
         api = api_client(node.opts.kubeconfig, CLAIM_READERS)
         metrics = Metrics()
         preparation = self._serve_kubelet(node, report, enforcer, api, metrics)
         register_accounting(metrics.registry, preparation.prepared_plans, usage)
+        self._thread(
+            "gpu-driver",
+            wait_for_driver,
+            node.state,
+            node.state.driver_problem is not None,
+            self.restart,
+            self.stop,
+        )
         self._thread("mps-supervisor", supervise, enforcer, node.state, self.stop)
         self._thread("mps-client-cap", police_clients, enforcer, metrics, self.stop)
         if node.opts.metrics_port:
@@ -242,9 +227,14 @@ class RunningPlugin:
         opts = self.opts
         private_dir(Path(opts.state_dir))  # owner-only before anything is put in it
         config = load_node_config(opts.node_config)
-        lost_file = opts.sim_root / simnode.LOST_GPUS if opts.simulated else None
-        source = open_source(opts.gpus, seed=opts.node_name, lost_file=lost_file)
-        state = NodeState(source, config)
+        sim_root = opts.sim_root if opts.simulated else None
+        source = open_source(
+            opts.gpus,
+            seed=opts.node_name,
+            lost_file=sim_root / simnode.LOST_GPUS if sim_root else None,
+            unloaded_file=sim_root / simnode.DRIVER_UNLOADED if sim_root else None,
+        )
+        state = NodeState(source, config, on_driver=partial(write_driver_state, opts.state_dir))
         state.refresh()
         self.gpu_count = len(state.inventory.gpus)
         paths = SocketPaths.for_driver(
@@ -313,6 +303,7 @@ class RunningPlugin:
             device_root_view=node.device_root_view,
             on_prepared=on_prepared,
             caps=CapPolicy(node.config.claim_limits, opts.mps.default_active_thread_percentage),
+            node_problem=lambda: node.state.driver_problem,
         )
         self._stack.callback(preparation.close)
         preparation.start()
@@ -328,7 +319,9 @@ class RunningPlugin:
             enforcer.report_outages(outages.report)
             enforcer.report_terminations(event_on_terminations(events))
             checks["mps-outages"] = outages.check
-        self._thread("prepared-claims", watch_prepared, checks, preparation, self.stop)
+        self._thread(
+            "prepared-claims", watch_prepared, checks, preparation.prepared_plans, self.stop
+        )
         if opts.orphan_sweep_interval > 0:
             sweep = OrphanSweep(
                 preparation,

@@ -4,6 +4,7 @@ would publish)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -34,10 +35,14 @@ def status_command(state_dir: Path) -> int:
     """``dra-driver status``: print the checkpoint read-only; exit 2 when it is unusable.
 
     Output (JSON): ``{"stateDir": str, "checkpoint": str, "bootId": str, "currentBoot": bool,
-    "claims": {uid: {"namespace", "name", "devices"}}}``; a directory without a checkpoint
-    prints ``{"stateDir", "checkpoint", "claims": {}}`` and says so on stderr (exit 0: no
-    plugin using that directory has prepared a claim).
+    "claims": {uid: {"namespace", "name", "devices"}}, "gpuDriver"?: {"available": bool,
+    "problem": str | null, "since": str}}``; a directory without a checkpoint prints
+    ``{"stateDir", "checkpoint", "claims": {}}`` (and ``gpuDriver``) and says so on stderr
+    (exit 0: no plugin using that directory has prepared a claim). ``gpuDriver`` is what the
+    plugin's last GPU discovery found (absent before a plugin ran); when the NVIDIA driver is
+    not available it says why, and the plugin publishes no devices.
     """
+    from dra_driver.app.nodestate import DRIVER_STATE_FILE
     from dra_driver.prepare.checkpoint import CheckpointFormatError, parse, read_boot_id
 
     if not state_dir.is_dir():
@@ -48,7 +53,10 @@ def status_command(state_dir: Path) -> int:
         )
         return 2
     path = state_dir / "checkpoint.json"
-    where = {"stateDir": str(state_dir), "checkpoint": str(path)}
+    where: dict[str, object] = {"stateDir": str(state_dir), "checkpoint": str(path)}
+    # absent until a plugin has run with this directory
+    with contextlib.suppress(OSError, ValueError):
+        where["gpuDriver"] = json.loads((state_dir / DRIVER_STATE_FILE).read_text())
     if not path.exists():
         print(
             f"note: {state_dir} holds no checkpoint ({path.name}): no plugin with this "

@@ -18,10 +18,17 @@ from dra_driver.model.gpu import (
 )
 
 
-def open_source(spec: str, seed: str = "sim", lost_file: Path | None = None) -> GpuSource:
+def open_source(
+    spec: str,
+    seed: str = "sim",
+    lost_file: Path | None = None,
+    unloaded_file: Path | None = None,
+) -> GpuSource:
     """Return the GPU source for a ``--gpus`` value: ``nvml`` or ``simulated:<...>``.
 
-    ``lost_file`` (simulated only): a file listing GPU indexes to report as gone.
+    ``lost_file`` (simulated only): a file listing GPU indexes to report as gone;
+    ``unloaded_file`` (simulated only): while it exists, discovery fails as NVML does without
+    the NVIDIA driver.
 
     Raises:
         SimulatedSpecError: for an invalid ``simulated:`` spec or an unknown source name.
@@ -31,7 +38,7 @@ def open_source(spec: str, seed: str = "sim", lost_file: Path | None = None) -> 
 
         return NvmlGpuSource()
     if spec.startswith("simulated:"):
-        return SimulatedGpuSource(spec, seed=seed, lost_file=lost_file)
+        return SimulatedGpuSource(spec, seed=seed, lost_file=lost_file, unloaded_file=unloaded_file)
     raise SimulatedSpecError(f"unknown GPU source {spec!r}: use 'nvml' or 'simulated:H200x8'")
 
 

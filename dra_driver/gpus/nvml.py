@@ -6,7 +6,14 @@ from typing import Any
 
 import structlog
 
-from dra_driver.model.gpu import MIB, Gpu, GpuSourceError, Inventory, SkippedGpu
+from dra_driver.model.gpu import (
+    MIB,
+    NVML_INIT_FAILED,
+    Gpu,
+    GpuSourceError,
+    Inventory,
+    SkippedGpu,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -95,7 +102,7 @@ class NvmlGpuSource:
         try:
             nv.nvmlInit()
         except nv.NVMLError as exc:
-            raise GpuSourceError(f"NVML init failed (is the NVIDIA driver loaded?): {exc}") from exc
+            raise GpuSourceError(f"{NVML_INIT_FAILED}: {exc}") from exc
         try:
             driver = _text(nv.nvmlSystemGetDriverVersion())
             cuda = cuda_version_text(nv.nvmlSystemGetCudaDriverVersion())

@@ -19,6 +19,9 @@ plugin owns, the same inside and outside its container):
   only ``sed`` and ``grep`` of the host, and never fails the container.
 - ``lost-gpus`` (written by tests, not by the plugin): GPU indexes the simulated inventory
   reports as gone, so a running plugin sees a GPU vanish as it would on a real node.
+- ``driver-unloaded`` (written by tests): while it exists, discovery fails as NVML's
+  ``nvmlInit`` does when the NVIDIA driver is not loaded (after a reboot, before the driver
+  is installed or loaded), so the plugin's start without a driver can be replayed.
 
 Real GPU nodes use none of this: their CDI specs name ``/dev/nvidia*`` and NVIDIA's hook.
 """
@@ -47,6 +50,9 @@ RECORDS = "hook-records"
 LOST_GPUS = "lost-gpus"
 """File under the simulation root listing GPU indexes the node reports as gone (a test writes
 it to take a GPU away from a running plugin; see SimulatedGpuSource)."""
+DRIVER_UNLOADED = "driver-unloaded"
+"""File under the simulation root whose presence makes discovery fail as without the NVIDIA
+driver (a test writes it)."""
 
 _HOOK_SCRIPT = r"""#!/bin/sh
 # Recording stand-in for nvidia-cdi-hook on a SIMULATED node (written by dra-driver).

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dra_driver.model.errors import StartupError
-from dra_driver.model.gpu import MIB, Gpu, Inventory
+from dra_driver.model.gpu import MIB, NVML_INIT_FAILED, Gpu, GpuSourceError, Inventory
 
 DEFAULT_DRIVER_VERSION = "615.71.09"
 """r615 driver (CUDA 13.4): the first with MPS v3 and per-container memory limits."""
@@ -163,10 +163,17 @@ class SimulatedGpuSource:
         SimulatedSpecError: from the constructor when the spec is invalid.
     """
 
-    def __init__(self, spec: str, seed: str = "sim", lost_file: Path | None = None) -> None:
+    def __init__(
+        self,
+        spec: str,
+        seed: str = "sim",
+        lost_file: Path | None = None,
+        unloaded_file: Path | None = None,
+    ) -> None:
         self._parts, self._driver = parse_spec(spec)
         self._seed = seed
         self._lost_file = lost_file
+        self._unloaded_file = unloaded_file
         self.vanished: set[int] = set()
         """Indexes to report as gone on the next discovery (to simulate a lost GPU)."""
 
@@ -183,7 +190,15 @@ class SimulatedGpuSource:
         return self.vanished | listed
 
     def discover(self) -> Inventory:
-        """Return the simulated GPUs in index order (minus any lost, see :meth:`lost`)."""
+        """Return the simulated GPUs in index order (minus any lost, see :meth:`lost`).
+
+        Raises:
+            GpuSourceError: ``unloaded_file`` exists: the NVIDIA driver is not loaded, and the
+                error is the one :class:`~dra_driver.gpus.nvml.NvmlGpuSource` raises when
+                ``nvmlInit`` fails with NVML's ``Driver Not Loaded``.
+        """
+        if self._unloaded_file is not None and self._unloaded_file.exists():
+            raise GpuSourceError(f"{NVML_INIT_FAILED}: Driver Not Loaded")
         gpus: list[Gpu] = []
         index = 0
         cuda = cuda_version_for_driver(self._driver)

@@ -113,3 +113,8 @@ class GpuSource(Protocol):
 
 class GpuSourceError(StartupError, RuntimeError):
     """The GPU source as a whole is unusable (e.g. NVML cannot be initialised)."""
+
+
+NVML_INIT_FAILED = "NVML init failed (is the NVIDIA driver loaded?)"
+"""The start of :class:`GpuSourceError`'s message when ``nvmlInit`` fails (NVML's own error
+text follows, e.g. ``Driver Not Loaded`` after a reboot before the driver is loaded)."""

@@ -104,6 +104,9 @@ class ClaimPreparation:
             it must return at once.
         caps: the node's caps on what claims may ask and its default SM ceiling
             (:class:`~dra_driver.config.caps.CapPolicy`).
+        node_problem: why the node offers no GPU now (the NVIDIA driver not loaded), or None;
+            a new claim then fails with it (recorded claims are still answered and
+            unprepared).
     """
 
     def __init__(
@@ -125,6 +128,7 @@ class ClaimPreparation:
         device_root_view: str | Path | None = None,
         on_prepared: Callable[[ClaimPlan], None] | None = None,
         caps: CapPolicy = NO_NODE_CAPS,
+        node_problem: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.driver_name = driver_name
         self.pool = pool
@@ -142,6 +146,7 @@ class ClaimPreparation:
         self.pod_claims = PodClaims()
         self.on_prepared = on_prepared or (lambda plan: None)
         self.caps = caps
+        self.node_problem = node_problem
         self.unprepared_here = UnpreparedLog()
 
     def start(self) -> None:
@@ -278,11 +283,17 @@ class ClaimPreparation:
         Raises:
             PrepareError, MpsError, OSError: the claim is not prepared (nothing of it is left).
         """
+        problem = self.node_problem()
+        if problem:
+            raise PrepareError(
+                f"this node offers no GPU now ({problem}); the kubelet retries the claim, "
+                "which is prepared once the NVIDIA driver answers"
+            )
         plan = plan_claim(ref, claim, self.driver_name, self.pool, self.devices(), self.caps)
         others = (r.plan for uid, r in self.checkpoint.claims.items() if uid != ref.uid)
-        problem = overcommit_error(plan, others)
-        if problem:
-            raise PrepareError(f"not prepared: {problem}")
+        overcommit = overcommit_error(plan, others)
+        if overcommit:
+            raise PrepareError(f"not prepared: {overcommit}")
         check_device_nodes(self.device_root_view, plan)
         edits = self.enforcer.apply(plan)
         try:

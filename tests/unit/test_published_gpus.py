@@ -1,13 +1,16 @@
-"""Which GPUs are published after GPUs are lost: one per index, never two devices of one name."""
+"""Which GPUs are published after GPUs are lost (one per index, never two devices of one name)
+or while the NVIDIA driver is not loaded (none)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import replace
 
-from dra_driver.app.plugin import NodeState
-from dra_driver.config.load import parse_node_config
+from dra_driver.app.nodestate import NodeState, wait_for_driver
+from dra_driver.config.load import load_node_config, parse_node_config
 from dra_driver.gpus import SimulatedGpuSource
-from dra_driver.model.gpu import Inventory
+from dra_driver.model.gpu import NVML_INIT_FAILED, GpuSourceError, Inventory
 from dra_driver.publish.slices import build_slices
 
 DRIVER = "gpu-fraction.dra.dev"
@@ -38,3 +41,40 @@ def test_a_swapped_then_lost_gpu_does_not_publish_duplicate_device_names() -> No
     slices = build_slices(inventory, config, DRIVER, "n", taints=taints)
     names = [d["name"] for s in slices for d in s["spec"].get("devices", [])]
     assert len(names) == len(set(names)), names
+
+
+def test_without_its_driver_the_node_publishes_nothing_and_says_why() -> None:
+    """NVML cannot start (the NVIDIA driver is not loaded after a reboot): discovery failed and
+    the plugin exited before it could unprepare anything (NVIDIA/k8s-driver-manager#213). The
+    node now offers no GPU and records why; once the driver answers, the watcher restarts the
+    plugin."""
+    unloaded = [True]
+    source = SimulatedGpuSource("simulated:H200x2", seed="n")
+
+    class Source:
+        def discover(self) -> Inventory:
+            if unloaded[0]:
+                raise GpuSourceError(f"{NVML_INIT_FAILED}: Driver Not Loaded")
+            return source.discover()
+
+    seen: list[str | None] = []
+    state = NodeState(Source(), load_node_config(None), on_driver=seen.append)
+    state.refresh()
+    assert state.driver_problem is not None and "Driver Not Loaded" in state.driver_problem
+    assert state.devices() == {} and seen == [state.driver_problem]
+    inventory, taints = state.published(DRIVER)
+    slices = build_slices(inventory, state.config, DRIVER, "n", taints=taints)
+    assert [d for s in slices for d in s["spec"].get("devices", [])] == []
+    restarts: list[str] = []
+    stop = threading.Event()
+    watcher = threading.Thread(
+        target=wait_for_driver, args=(state, True, restarts.append, stop, 0.01)
+    )
+    watcher.start()
+    time.sleep(0.05)
+    assert restarts == []  # still no driver: keeps waiting
+    unloaded[0] = False
+    watcher.join(5)
+    stop.set()
+    assert len(restarts) == 1 and state.driver_problem is None
+    assert seen[-1] is None and state.devices()
