@@ -727,6 +727,15 @@ class E2E:
             core.delete_namespace(self.namespace)
 
 
+def set_node_taint(e2e: E2E, node: str, taint: Mapping[str, str], on: bool) -> None:
+    """Add (``on``) or remove ``taint`` (matched by key) on Node ``node``, other taints kept."""
+    body = raw(e2e.core.read_node(node, _preload_content=False))
+    taints = [t for t in body["spec"].get("taints") or [] if t["key"] != taint["key"]]
+    if on:
+        taints.append(dict(taint))
+    e2e.core.patch_node(node, {"spec": {"taints": taints}})
+
+
 DEVICE_CLASS_QUOTA = re.compile(r"^(.+)\.deviceclass\.resource\.k8s\.io/devices$")
 """A quota key on a DeviceClass's devices (Kubernetes: ``<class>.deviceclass.resource.k8s.io/
 devices``); group 1 is the class."""

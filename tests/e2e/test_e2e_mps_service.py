@@ -47,7 +47,7 @@ from plugin_fixtures import (  # noqa: E402
     TENANT_IMAGE,
     TIME_SLICING_GPUS,
     GpuNode,
-    raw,
+    set_node_taint,
     slices_of,
     wait_for,
 )
@@ -272,11 +272,7 @@ PAUSE_TAINT = {"key": "e2e.gpu-fraction.dra.dev/mps-service-paused", "effect": "
 
 
 def set_pause_taint(e2e: E2E, node: str, on: bool) -> None:
-    body = raw(e2e.core.read_node(node, _preload_content=False))
-    taints = [t for t in body["spec"].get("taints") or [] if t["key"] != PAUSE_TAINT["key"]]
-    if on:
-        taints.append(PAUSE_TAINT)
-    e2e.core.patch_node(node, {"spec": {"taints": taints}})
+    set_node_taint(e2e, node, PAUSE_TAINT, on)
 
 
 def test_deleting_the_mps_service_ends_the_servers_and_the_node_recovers(

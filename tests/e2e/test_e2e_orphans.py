@@ -28,6 +28,7 @@ from plugin_fixtures import (  # noqa: E402
     TIME_SLICING_GPUS,
     GpuNode,
     raw,
+    set_node_taint,
     wait_for,
 )
 
@@ -45,11 +46,7 @@ PAUSE_TAINT = {"key": "e2e.gpu-fraction.dra.dev/plugin-paused", "effect": "NoSch
 
 
 def set_pause_taint(e2e: E2E, node: str, on: bool) -> None:
-    body = raw(e2e.core.read_node(node, _preload_content=False))
-    taints = [t for t in body["spec"].get("taints") or [] if t["key"] != PAUSE_TAINT["key"]]
-    if on:
-        taints.append(PAUSE_TAINT)
-    e2e.core.patch_node(node, {"spec": {"taints": taints}})
+    set_node_taint(e2e, node, PAUSE_TAINT, on)
 
 
 def plant_record(node: GpuNode, like: str) -> str:
