@@ -139,16 +139,20 @@ def make_cgroups(name: str) -> None:
                     (d / f).write_text((h / f).read_text())
 
 
+def cgroup_tree(top: Path) -> list[Path]:
+    """``top`` and every cgroup below it, parents first. The kubelet, containerd and runc
+    remove pod cgroups meanwhile: one that vanishes between listing and reading is skipped
+    (``os.walk`` ignores it; ``Path.rglob`` raises FileNotFoundError)."""
+    return [Path(d) for d, _, _ in os.walk(top)]
+
+
 def cgroup_pids(name: str) -> set[int]:
     pids: set[int] = set()
     for h in hierarchies():
         for cg in cgroup_names(name):
-            top = h / cg
-            if not top.is_dir():
-                continue
-            for procs in top.rglob("cgroup.procs"):
+            for d in cgroup_tree(h / cg):
                 with contextlib.suppress(OSError, ValueError):
-                    pids.update(int(p) for p in procs.read_text().split())
+                    pids.update(int(p) for p in (d / "cgroup.procs").read_text().split())
     return pids
 
 
@@ -157,13 +161,11 @@ def remove_cgroups(name: str) -> list[str]:
     left = []
     for h in hierarchies():
         for cg in cgroup_names(name):
-            top = h / cg
-            if not top.is_dir():
-                continue
-            dirs = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
-            for d in [*dirs, top]:
+            for d in sorted(cgroup_tree(h / cg), key=lambda p: -len(p.parts)):
                 try:
                     d.rmdir()
+                except FileNotFoundError:
+                    pass
                 except OSError:
                     left.append(str(d))
     return left

@@ -166,4 +166,8 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
                 text=True,
             )
             if left.returncode != 0:
-                pytest.fail(f"hack/local-cluster down left:\n{left.stdout}", pytrace=False)
+                pytest.fail(
+                    f"hack/local-cluster down left:\n{left.stdout}\n"
+                    f"its output ({log}):\n{_tail(log, 30)}",
+                    pytrace=False,
+                )
