@@ -8,6 +8,7 @@ import os
 from typing import TypeAlias
 
 from dra_driver import DEFAULT_DRIVER_NAME
+from dra_driver.app.kubeletwatch import REGISTRATION_TIMEOUT_S
 from dra_driver.infra import logs
 from dra_driver.infra.budget import DEFAULT_CALL_BUDGET_S, KUBELET_CALL_TIMEOUT_S
 from dra_driver.kubelet.server import DEFAULT_PLUGIN_DIR, DEFAULT_REGISTRY_DIR
@@ -253,6 +254,14 @@ def _add_plugin_enforcement(p: argparse.ArgumentParser) -> None:
         type=float,
         default=FIRST_SWEEP_AFTER_S,
         help="seconds after start before the first orphan sweep (default %(default)g)",
+    )
+    p.add_argument(
+        "--registration-timeout",
+        type=float,
+        default=REGISTRATION_TIMEOUT_S,
+        help="seconds after the registration socket is created without a call from the kubelet "
+        "before the plugin reports that the kubelet does not find it (its --root-dir is not "
+        "the one of --registry-dir; default %(default)g)",
     )
     p.add_argument(
         "--claim-device-status",

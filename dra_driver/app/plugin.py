@@ -16,6 +16,7 @@ from kubernetes import client as k8s
 from prometheus_client import start_http_server
 
 from dra_driver.app.enforcement import make_enforcer
+from dra_driver.app.kubeletwatch import REGISTRATION_TIMEOUT_S, watch_registration
 from dra_driver.app.nodestate import (
     NodeState,
     PlanCheck,
@@ -78,6 +79,7 @@ class PluginOptions:
     health_interval: float = 20.0
     orphan_sweep_interval: float = SWEEP_INTERVAL_S
     orphan_sweep_first: float = FIRST_SWEEP_AFTER_S
+    registration_timeout: float = REGISTRATION_TIMEOUT_S
     call_budget: float = DEFAULT_CALL_BUDGET_S
     claim_device_status: bool = True
     mps: MpsOptions = field(default_factory=MpsOptions)
@@ -310,6 +312,16 @@ class RunningPlugin:
         server = PluginServer(preparation, node.paths, node.state.health, opts.health_interval)
         self._stack.callback(server.stop)
         server.start()
+        self._thread(
+            "kubelet-registration",
+            watch_registration,
+            server.registration.called,
+            node.paths.registration,
+            opts.state_dir,
+            metrics.kubelet_registered,
+            self.stop,
+            opts.registration_timeout,
+        )
         watch = ConsumerWatch(Path(opts.mps.user_record_root), on_consumers)
         checks: dict[str, PlanCheck] = {"consumers": watch.check}
         if isinstance(enforcer, MpsEnforcer):

@@ -36,12 +36,16 @@ def status_command(state_dir: Path) -> int:
 
     Output (JSON): ``{"stateDir": str, "checkpoint": str, "bootId": str, "currentBoot": bool,
     "claims": {uid: {"namespace", "name", "devices"}}, "gpuDriver"?: {"available": bool,
-    "problem": str | null, "since": str}}``; a directory without a checkpoint prints
-    ``{"stateDir", "checkpoint", "claims": {}}`` (and ``gpuDriver``) and says so on stderr
-    (exit 0: no plugin using that directory has prepared a claim). ``gpuDriver`` is what the
-    plugin's last GPU discovery found (absent before a plugin ran); when the NVIDIA driver is
-    not available it says why, and the plugin publishes no devices.
+    "problem": str | null, "since": str}, "kubeletRegistration"?: {"registered": bool,
+    "socket": str, "problem": str | null, "since": str}}``; a directory without a checkpoint
+    prints ``{"stateDir", "checkpoint", "claims": {}}`` (and the two others) and says so on
+    stderr (exit 0: no plugin using that directory has prepared a claim). ``gpuDriver`` is what
+    the plugin's last GPU discovery found (absent before a plugin ran); when the NVIDIA driver
+    is not available it says why, and the plugin publishes no devices. ``kubeletRegistration``
+    says whether the kubelet has called the plugin since it started (``registered`` false
+    with ``problem`` null: not yet, and the registration timeout has not passed).
     """
+    from dra_driver.app.kubeletwatch import REGISTRATION_STATE_FILE as REGISTRATION
     from dra_driver.app.nodestate import DRIVER_STATE_FILE
     from dra_driver.prepare.checkpoint import CheckpointFormatError, parse, read_boot_id
 
@@ -55,8 +59,9 @@ def status_command(state_dir: Path) -> int:
     path = state_dir / "checkpoint.json"
     where: dict[str, object] = {"stateDir": str(state_dir), "checkpoint": str(path)}
     # absent until a plugin has run with this directory
-    with contextlib.suppress(OSError, ValueError):
-        where["gpuDriver"] = json.loads((state_dir / DRIVER_STATE_FILE).read_text())
+    for key, name in (("gpuDriver", DRIVER_STATE_FILE), ("kubeletRegistration", REGISTRATION)):
+        with contextlib.suppress(OSError, ValueError):
+            where[key] = json.loads((state_dir / name).read_text())
     if not path.exists():
         print(
             f"note: {state_dir} holds no checkpoint ({path.name}): no plugin with this "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 class Metrics:
@@ -31,6 +31,10 @@ class Metrics:
             ``not_allocated_here``: it is no longer allocated to this node), none of their
             containers running (``docs/admin-guide.md``, "Claims that never get their
             Unprepare").
+        ``dra_gpu_fraction_kubelet_registered``: 1 once the kubelet has called the plugin's
+            registration socket since it started, else 0 (a kubelet ``--root-dir`` that is not
+            the chart's ``kubeletDir`` leaves it at 0: ``docs/admin-guide.md``, "A kubelet with
+            another root directory").
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -80,6 +84,12 @@ class Metrics:
             "Prepared claims released by the plugin because no Unprepare would come, by reason"
             " (gone, not_allocated_here)",
             ["reason"],
+            registry=self.registry,
+        )
+        self.kubelet_registered = Gauge(
+            "dra_gpu_fraction_kubelet_registered",
+            "1 once the kubelet has called the plugin's registration socket since it started,"
+            " else 0",
             registry=self.registry,
         )
         self.duration = Histogram(

@@ -43,10 +43,13 @@ class RegistrationServicer(pb_grpc.RegistrationServicer):
         self.endpoint = endpoint
         self.on_rejected = on_rejected
         self.registered = threading.Event()
+        self.called = threading.Event()
+        """Set by the kubelet's first ``GetInfo``: it found the registration socket."""
         self.last_error = ""
 
     def GetInfo(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.PluginInfo:  # noqa: N802
         """Return type DRAPlugin, our name, DRA socket path and supported versions."""
+        self.called.set()
         return pb.PluginInfo(
             type="DRAPlugin",
             name=self.driver_name,
