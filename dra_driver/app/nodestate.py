@@ -19,7 +19,7 @@ from dra_driver.infra.atomicfile import write_atomic
 from dra_driver.infra.budget import CLIENT_CHECK_BUDGET_S, HEALTH_CHECK_BUDGET_S, Budget
 from dra_driver.infra.metrics import Metrics
 from dra_driver.model.devices import DeviceStatus, PublishedDevice
-from dra_driver.model.gpu import GpuSourceError, Inventory
+from dra_driver.model.gpu import GpuSourceError, Inventory, driver_change
 from dra_driver.model.plans import ClaimPlan
 from dra_driver.publish.devicehealth import device_health
 from dra_driver.publish.devicetaints import DeviceTaint, TaintMemory
@@ -59,6 +59,11 @@ class NodeState:
         self.driver_problem: str | None = None
         """Why the last discovery failed as a whole (the NVIDIA driver not loaded: NVML
         cannot be initialised), or None; the node then offers no GPU."""
+        self._first: Inventory | None = None
+        self.driver_changed: str | None = None
+        """How the NVIDIA driver changed since the first discovery that worked (a GPU with
+        another device minor, another driver version: :func:`driver_change`), or None; the
+        plugin then restarts (:func:`wait_for_driver`)."""
 
     def refresh(self) -> None:
         """Re-discover GPUs and recompute the published devices. A discovery that fails as a
@@ -80,6 +85,14 @@ class NodeState:
             if before is not None:
                 log.info("the NVIDIA driver answers again", gpus=len(inventory.gpus))
             self.driver_problem = None
+            if self._first is None:
+                self._first = inventory
+            elif self.driver_changed is None:
+                self.driver_changed = driver_change(self._first, inventory)
+                if self.driver_changed is not None:
+                    log.error(
+                        "the NVIDIA driver changed under the plugin", change=self.driver_changed
+                    )
         if self.driver_problem != before or not self._discovered:
             self._discovered = True
             self.on_driver(self.driver_problem)
@@ -157,9 +170,14 @@ def wait_for_driver(
     ``started_without``, or later), call ``restart`` with the reason and return: a plugin that
     started without GPUs computed its enforcement tiers, MPS checks and socket paths for none,
     and a reloaded driver may have renumbered its device nodes, so a fresh start is what makes
-    every later Prepare use the new state."""
+    every later Prepare use the new state (and rewrites the CDI specs of prepared claims for
+    the new device nodes). Likewise when a discovery finds the driver changed without a failed
+    one between (:attr:`NodeState.driver_changed`: reloaded between two discoveries)."""
     failed = started_without
     while not stop.wait(interval):
+        if state.driver_changed is not None:
+            restart(f"the NVIDIA driver changed ({state.driver_changed})")
+            return
         if state.driver_problem is None and not failed:
             continue  # the publisher's own discoveries set it when the driver goes
         if state.driver_problem is not None:

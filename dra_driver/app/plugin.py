@@ -235,6 +235,7 @@ class RunningPlugin:
             seed=opts.node_name,
             lost_file=sim_root / simnode.LOST_GPUS if sim_root else None,
             unloaded_file=sim_root / simnode.DRIVER_UNLOADED if sim_root else None,
+            reloaded_file=sim_root / simnode.DRIVER_RELOADED if sim_root else None,
         )
         state = NodeState(source, config, on_driver=partial(write_driver_state, opts.state_dir))
         state.refresh()

@@ -23,12 +23,14 @@ def open_source(
     seed: str = "sim",
     lost_file: Path | None = None,
     unloaded_file: Path | None = None,
+    reloaded_file: Path | None = None,
 ) -> GpuSource:
     """Return the GPU source for a ``--gpus`` value: ``nvml`` or ``simulated:<...>``.
 
     ``lost_file`` (simulated only): a file listing GPU indexes to report as gone;
     ``unloaded_file`` (simulated only): while it exists, discovery fails as NVML does without
-    the NVIDIA driver.
+    the NVIDIA driver; ``reloaded_file`` (simulated only): an integer that the GPUs' device
+    minors start from (a reloaded driver's numbering).
 
     Raises:
         SimulatedSpecError: for an invalid ``simulated:`` spec or an unknown source name.
@@ -38,7 +40,13 @@ def open_source(
 
         return NvmlGpuSource()
     if spec.startswith("simulated:"):
-        return SimulatedGpuSource(spec, seed=seed, lost_file=lost_file, unloaded_file=unloaded_file)
+        return SimulatedGpuSource(
+            spec,
+            seed=seed,
+            lost_file=lost_file,
+            unloaded_file=unloaded_file,
+            reloaded_file=reloaded_file,
+        )
     raise SimulatedSpecError(f"unknown GPU source {spec!r}: use 'nvml' or 'simulated:H200x8'")
 
 

@@ -53,6 +53,9 @@ it to take a GPU away from a running plugin; see SimulatedGpuSource)."""
 DRIVER_UNLOADED = "driver-unloaded"
 """File under the simulation root whose presence makes discovery fail as without the NVIDIA
 driver (a test writes it)."""
+DRIVER_RELOADED = "driver-reloaded"
+"""File under the simulation root holding an integer: the NVIDIA driver was reloaded and its
+GPUs' device minors start there (a test writes it; see SimulatedGpuSource.minor_offset)."""
 
 _HOOK_SCRIPT = r"""#!/bin/sh
 # Recording stand-in for nvidia-cdi-hook on a SIMULATED node (written by dra-driver).

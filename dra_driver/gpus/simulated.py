@@ -169,11 +169,13 @@ class SimulatedGpuSource:
         seed: str = "sim",
         lost_file: Path | None = None,
         unloaded_file: Path | None = None,
+        reloaded_file: Path | None = None,
     ) -> None:
         self._parts, self._driver = parse_spec(spec)
         self._seed = seed
         self._lost_file = lost_file
         self._unloaded_file = unloaded_file
+        self._reloaded_file = reloaded_file
         self.vanished: set[int] = set()
         """Indexes to report as gone on the next discovery (to simulate a lost GPU)."""
 
@@ -189,6 +191,17 @@ class SimulatedGpuSource:
                 listed = set()
         return self.vanished | listed
 
+    def minor_offset(self) -> int:
+        """What ``reloaded_file`` holds (an integer, e.g. ``16``): the driver was reloaded and
+        numbers its device nodes from there (``/dev/nvidia<index + offset>``); 0 without the
+        file. An unreadable or malformed file counts as 0."""
+        if self._reloaded_file is None:
+            return 0
+        try:
+            return max(0, int(self._reloaded_file.read_text().strip() or "0"))
+        except (OSError, ValueError):
+            return 0
+
     def discover(self) -> Inventory:
         """Return the simulated GPUs in index order (minus any lost, see :meth:`lost`).
 
@@ -203,19 +216,20 @@ class SimulatedGpuSource:
         index = 0
         cuda = cuda_version_for_driver(self._driver)
         lost = self.lost()
+        offset = self.minor_offset()
         for profile, count in self._parts:
             for _ in range(count):
                 if index not in lost:
-                    gpus.append(self._gpu(profile, index, cuda))
+                    gpus.append(self._gpu(profile, index, cuda, offset))
                 index += 1
         return Inventory(gpus=tuple(gpus))
 
-    def _gpu(self, profile: GpuProfile, index: int, cuda: str) -> Gpu:
+    def _gpu(self, profile: GpuProfile, index: int, cuda: str, offset: int) -> Gpu:
         uid = uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"simulated-gpu/{self._seed}/{index}")
         bus = 0x18 + index * 0x10 if index < 14 else index
         return Gpu(
             index=index,
-            minor=index,
+            minor=index + offset,
             uuid=f"GPU-{uid}",
             name=profile.name,
             memory_bytes=(profile.memory_mib - profile.reserved_mib) * MIB,

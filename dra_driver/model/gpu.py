@@ -98,6 +98,24 @@ class Inventory:
     skipped: tuple[SkippedGpu, ...] = ()
 
 
+def driver_change(before: Inventory, now: Inventory) -> str | None:
+    """How the NVIDIA driver changed between two discoveries of one running plugin, or None:
+    a GPU (same UUID) with another device minor (``/dev/nvidia<minor>``: a reloaded driver may
+    number its GPUs anew, and a CDI spec naming the old node gives a container another GPU or
+    none) or another driver version. GPUs that came or went are not a change of the driver
+    (lost GPUs are tainted instead)."""
+    old = {g.uuid: g for g in before.gpus}
+    for gpu in now.gpus:
+        was = old.get(gpu.uuid)
+        if was is None:
+            continue
+        if was.minor != gpu.minor:
+            return f"GPU {gpu.uuid} is {gpu.device_node} now, was {was.device_node}"
+        if was.driver_version != gpu.driver_version:
+            return f"NVIDIA driver {gpu.driver_version} now, was {was.driver_version}"
+    return None
+
+
 class GpuSource(Protocol):
     """Anything that can list the node's GPUs (NVML or a simulated inventory)."""
 

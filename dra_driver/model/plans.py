@@ -7,7 +7,7 @@ decided by :mod:`dra_driver.prepare.plan` and kept in the checkpoint
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from dra_driver.model.gpu import Gpu
@@ -70,6 +70,20 @@ class ClaimPlan:
 
     claim: ClaimRef
     devices: tuple[DevicePlan, ...]
+
+
+def with_current_gpus(plan: ClaimPlan, current: Mapping[str, Gpu]) -> ClaimPlan:
+    """``plan`` with each device's GPU replaced by ``current[uuid]`` (the GPUs a discovery
+    found, by UUID) where its device minor differs: after a driver reload renumbered the GPUs,
+    the claim's CDI spec must name their new ``/dev/nvidia<minor>``. Returns ``plan`` itself
+    when nothing differs (GPUs not found stay as recorded)."""
+    devices = tuple(
+        replace(d, gpu=current[d.gpu.uuid])
+        if d.gpu.uuid in current and current[d.gpu.uuid].minor != d.gpu.minor
+        else d
+        for d in plan.devices
+    )
+    return plan if devices == plan.devices else replace(plan, devices=devices)
 
 
 def plan_to_json(plan: ClaimPlan) -> dict[str, Any]:

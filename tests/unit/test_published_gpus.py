@@ -6,11 +6,12 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 
 from dra_driver.app.nodestate import NodeState, wait_for_driver
 from dra_driver.config.load import load_node_config, parse_node_config
 from dra_driver.gpus import SimulatedGpuSource
-from dra_driver.model.gpu import NVML_INIT_FAILED, GpuSourceError, Inventory
+from dra_driver.model.gpu import NVML_INIT_FAILED, GpuSourceError, Inventory, driver_change
 from dra_driver.publish.slices import build_slices
 
 DRIVER = "gpu-fraction.dra.dev"
@@ -78,3 +79,44 @@ def test_without_its_driver_the_node_publishes_nothing_and_says_why() -> None:
     stop.set()
     assert len(restarts) == 1 and state.driver_problem is None
     assert seen[-1] is None and state.devices()
+
+
+def test_a_driver_reloaded_between_two_discoveries_restarts_the_plugin(tmp_path: Path) -> None:
+    """The NVIDIA driver was reloaded between two publish rounds (no failed discovery seen):
+    its GPUs have other device minors now. The watcher restarts the plugin, whose start
+    rewrites the prepared claims' CDI specs (dra-driver-nvidia-gpu#1144's variant)."""
+    reloaded = tmp_path / "driver-reloaded"
+    source = SimulatedGpuSource("simulated:H200x2", seed="n", reloaded_file=reloaded)
+    state = NodeState(source, load_node_config(None))
+    state.refresh()
+    before = {g.uuid: g.minor for g in state.inventory.gpus}
+    restarts: list[str] = []
+    stop = threading.Event()
+    watcher = threading.Thread(
+        target=wait_for_driver, args=(state, False, restarts.append, stop, 0.01)
+    )
+    watcher.start()
+    state.refresh()
+    time.sleep(0.05)
+    assert restarts == [] and state.driver_changed is None  # same driver: nothing to do
+    reloaded.write_text("16\n")
+    state.refresh()  # a publish round
+    watcher.join(5)
+    stop.set()
+    assert {g.uuid: g.minor for g in state.inventory.gpus} == {u: m + 16 for u, m in before.items()}
+    [reason] = restarts
+    assert "the NVIDIA driver changed" in reason and "/dev/nvidia16 now, was /dev/nvidia0" in reason
+
+
+def test_driver_change_names_minors_and_versions_not_new_or_lost_gpus() -> None:
+    g0, g1 = SimulatedGpuSource("simulated:H200x2", seed="n").discover().gpus
+    assert driver_change(Inventory((g0, g1)), Inventory((g0,))) is None  # a lost GPU
+    assert driver_change(Inventory((g0,)), Inventory((g0, g1))) is None  # a new one
+    moved = replace(g1, minor=9)
+    assert driver_change(Inventory((g0, g1)), Inventory((g0, moved))) == (
+        f"GPU {g1.uuid} is /dev/nvidia9 now, was /dev/nvidia1"
+    )
+    upgraded = replace(g0, driver_version="620.1.1")
+    assert driver_change(Inventory((g0,)), Inventory((upgraded,))) == (
+        f"NVIDIA driver 620.1.1 now, was {g0.driver_version}"
+    )
