@@ -41,10 +41,10 @@ def target_edits(
     """Pure: the CDI edits of one device of ``target`` (env, the pipe mount, hooks: on every
     MPS tier the consumer gate, on ``hard`` also the memory-limit and cgroup record hooks).
 
-    The ``hard`` tier's per-container limits are one consumer's share
-    (:attr:`FractionTarget.consumer_request_mib`, :attr:`FractionTarget.consumer_limit_mib`):
-    the gate admits at most ``max_consumers`` running containers, so together they never hold
-    more than the claim's ceiling.
+    The ``hard`` tier's per-container limits are one consumer's share of the device
+    (:func:`device_consumer_mib`; of the whole target without ``device_key``):
+    the gate admits at most ``max_consumers`` running containers per device, so together they
+    never hold more than the device's share of the claim's ceiling.
 
     ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` mirrors the namespace's SM ceiling when there is one
     (sm-sharing, below 100); in v3 the namespace value wins over the client's (NVIDIA MPS
@@ -80,13 +80,31 @@ def target_edits(
     )
     if target.tier != Tier.HARD:
         return ContainerEdits(env=tuple(env), mounts=mounts, hooks=(gate,))
-    env.extend(memory_env(target.consumer_request_mib, target.consumer_limit_mib))
+    if device_key is None:
+        env.extend(memory_env(target.consumer_request_mib, target.consumer_limit_mib))
+    else:
+        env.extend(memory_env(*device_consumer_mib(target, device_key)))
     hooks = [memory_limit_hook(target.gpu.uuid, options.driver_root, options.ctk_hook_path)]
     if options.record_cgroups:
         record_dir = str(options.record_root / target.claim.uid)
         hooks.append(record_cgroup_hook(record_dir, options.record_shell))
     hooks.append(gate)
     return ContainerEdits(env=tuple(env), mounts=mounts, hooks=tuple(hooks))
+
+
+def device_consumer_mib(target: FractionTarget, key: str) -> tuple[int, int]:
+    """Pure: (request, ceiling) in whole MiB that one consumer of the device ``key`` may hold
+    on the hard tier: that device's own share, divided among ``max_consumers``. Several devices
+    of one claim on one GPU share the claim's MPS namespace (its limit is their sum), but each
+    is injected into the containers mapped to its own request (extended resources: one request
+    per container), so each container is held to its own share, not the sum
+    (kubernetes/kubernetes#134880)."""
+    if key in target.device_keys and len(target.device_bytes) == len(target.device_keys):
+        request, limit = target.device_bytes[target.device_keys.index(key)]
+        limit = min(limit, target.limit_bytes)
+        request = min(request, limit)
+        return mib(request) // target.max_consumers, mib(limit) // target.max_consumers
+    return target.consumer_request_mib, target.consumer_limit_mib
 
 
 def consumers_advice(target: FractionTarget) -> str:

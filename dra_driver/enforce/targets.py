@@ -141,6 +141,9 @@ class FractionTarget:
         max_consumers: containers that may use the claim at once (the smallest
             ``maxConsumers`` of its devices); each gets 1/max_consumers of the request and
             the ceiling (:attr:`consumer_request_mib`, :attr:`consumer_limit_mib`).
+        device_bytes: (request, ceiling) in bytes of each device in :attr:`device_keys`, in
+            the same order: what a container that gets that device alone may hold
+            (:func:`dra_driver.enforce.edits.device_consumer_mib`); empty: the target's.
     """
 
     claim: ClaimRef
@@ -153,6 +156,7 @@ class FractionTarget:
     threads: int
     claim_gpus: tuple[Gpu, ...] = ()
     max_consumers: int = 1
+    device_bytes: tuple[tuple[int, int], ...] = ()
 
     @property
     def consumer_limit_mib(self) -> int:
@@ -282,6 +286,7 @@ def targets_for_claim(
                 mode=mode,
                 tier=tier,
                 device_keys=tuple(d.key for d in devs),
+                device_bytes=tuple((d.memory_request_bytes, d.memory_limit_bytes) for d in devs),
                 request_bytes=request,
                 limit_bytes=limit,
                 threads=threads,

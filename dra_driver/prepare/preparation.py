@@ -49,13 +49,7 @@ from dra_driver.infra.metrics import Metrics
 from dra_driver.model.devices import PublishedDevice
 from dra_driver.model.errors import CLAIM_ERRORS, PrepareError
 from dra_driver.model.ids import validate_uid
-from dra_driver.model.plans import (
-    ClaimPlan,
-    ClaimRef,
-    PreparedDevice,
-    prepared_devices,
-    with_current_gpus,
-)
+from dra_driver.model.plans import ClaimPlan, ClaimRef, PreparedDevice, prepared_devices
 from dra_driver.prepare.callshell import run_call
 from dra_driver.prepare.cdispecs import CdiSpecs
 from dra_driver.prepare.checkpoint import Checkpoint, CheckpointCorrupt, ClaimRecord
@@ -65,6 +59,7 @@ from dra_driver.prepare.overcommit import overcommit_error
 from dra_driver.prepare.plan import NO_NODE_CAPS, plan_claim
 from dra_driver.prepare.podclaims import PodClaims
 from dra_driver.prepare.reads import ClaimReads, UnpreparedLog, unread_error
+from dra_driver.prepare.renumber import follow_renumbered_gpus
 from dra_driver.prepare.unpreparation import Unpreparation
 
 log = structlog.get_logger(__name__)
@@ -185,7 +180,8 @@ class ClaimPreparation:
             with budget.within(Budget.of(self.startup_budget)):
                 self.enforcer.restore(self.prepared_plans())
                 self._sweep()
-                self._follow_renumbered_gpus()
+                current = {d.gpu.uuid: d.gpu for d in self.devices().values()}
+                follow_renumbered_gpus(self.checkpoint, self.cdi, self.enforcer, current)
                 self._rewrite_missing_specs()
             for plan in self.prepared_plans():
                 self.on_prepared(plan)
@@ -200,35 +196,6 @@ class ClaimPreparation:
             self.cdi.remove(uid)
             self.enforcer.release(uid)
             log.info("removed orphaned CDI spec", claim_uid=uid)
-
-    def _follow_renumbered_gpus(self) -> None:
-        """Rewrite the spec and record of every recorded claim whose GPU (by UUID) has another
-        device minor now (the NVIDIA driver was reloaded: ``/dev/nvidia<minor>`` of the record
-        may be another GPU or none). The spec is written before the record: a plugin killed
-        between the two finds the old record and does it again."""
-        current = {d.gpu.uuid: d.gpu for d in self.devices().values()}
-        changed = False
-        for uid in sorted(self.checkpoint.claims):
-            record = self.checkpoint.claims[uid]
-            plan = with_current_gpus(record.plan, current)
-            if plan is record.plan:
-                continue
-            try:
-                self.cdi.write(plan, self.enforcer.apply(plan))
-            except CLAIM_ERRORS as exc:
-                log.warning("renumbered claim not rewritten", claim_uid=uid, error=str(exc))
-                continue
-            self.checkpoint.claims[uid] = replace(record, plan=plan)
-            changed = True
-            log.warning(
-                "CDI spec rewritten for the GPUs' new device nodes",
-                claim_uid=uid,
-                namespace=record.namespace,
-                name=record.name,
-                gpu=",".join(sorted({d.gpu.device_node for d in plan.devices})),
-            )
-        if changed:
-            self.checkpoint.save()
 
     def _rewrite_missing_specs(self) -> None:
         """Rewrite the spec of every recorded claim whose spec is missing or lists other

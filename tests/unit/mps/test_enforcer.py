@@ -401,14 +401,22 @@ def test_devices_of_one_claim_on_one_gpu_share_its_namespace(tmp_path: Path) -> 
     edits = node.enforcer.apply(p)
     assert namespaces(node, "sm-sharing") == {ns(UID_A): (25 * GIB, 70)}
     a, b = edits["gpu-0-quarter-0"], edits["gpu-0-quarter-1"]
-    assert (a.env, a.mounts, a.hooks[:-1]) == (b.env, b.mounts, b.hooks[:-1])
+    assert (a.mounts, a.hooks[:-1]) == (b.mounts, b.hooks[:-1])
     # each device counts its own consumers (a container that gets both is in both)
     assert (a.hooks[-1].args[4], b.hooks[-1].args[4]) == (
         str(node.options.user_record_root / UID_A / "gpu-0-quarter-0"),
         str(node.options.user_record_root / UID_A / "gpu-0-quarter-1"),
     )
-    assert "NVIDIA_GPU_MEMORY_REQUEST=15360" in edits["gpu-0-quarter-0"].env
-    assert "NVIDIA_GPU_MEMORY_LIMIT=25600" in edits["gpu-0-quarter-0"].env
+    # the namespace holds both; each device's containers are held to that device's own share
+    # (extended resources map each container to its own request: kubernetes#134880)
+    assert {e for e in a.env if e.startswith("NVIDIA_GPU_MEMORY")} == {
+        "NVIDIA_GPU_MEMORY_REQUEST=10240",
+        "NVIDIA_GPU_MEMORY_LIMIT=20480",
+    }
+    assert {e for e in b.env if e.startswith("NVIDIA_GPU_MEMORY")} == {
+        "NVIDIA_GPU_MEMORY_REQUEST=5120",
+        "NVIDIA_GPU_MEMORY_LIMIT=5120",
+    }
 
 
 def test_multi_gpu_claim_without_mps_is_allowed(tmp_path: Path) -> None:
