@@ -31,6 +31,10 @@ would still be there (the e2e suite runs it after `down`).
 Labels: LOCAL_NODE_LABELS (kubelet --node-labels syntax, default none), e.g.
 nvidia.com/gpu.present=true to match the chart's default node selector.
 
+Kubelet root directory: LOCAL_NODE_KUBELET_ROOT_DIR (default /var/lib/kubelet) is the
+kubelet's --root-dir; the node's kubelet directory is mounted there, and an empty directory
+of the node's own over /var/lib/kubelet.
+
 Images: no registry is reachable. `up` imports every OCI archive in LOCAL_NODE_IMAGES
 (default: build/images/*.oci.tar of this repository, made by `make image`) into the node's
 containerd (namespace k8s.io); `images NAME` re-imports them into a running node.
@@ -78,6 +82,7 @@ NODE_MOUNTS = {
     "/run/gpu-fraction": "gpu-fraction-run",
     "/var/lib/cni": "cni-state",
 }
+DEFAULT_KUBELET_ROOT = "/var/lib/kubelet"
 CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
 NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 TAG = hashlib.sha256(str(CLUSTER).encode()).hexdigest()[:6]
@@ -385,7 +390,7 @@ def start_holder(name: str, d: Path) -> int:
     # from a private mount. Shared inside the node's namespace only: no peer of the host's.
     script = ["set -e", "mount --make-rshared /"]
     created = []
-    for target, sub in NODE_MOUNTS.items():
+    for target, sub in node_mounts(kubelet_root(d)).items():
         src = d / sub
         src.mkdir(parents=True, exist_ok=True)
         real = Path(os.path.realpath(target))
@@ -438,10 +443,29 @@ def containerd_argv(d: Path) -> list[str]:
     return [str(BIN / "containerd"), "--config", str(d / "containerd.toml"), "--log-level", "warn"]
 
 
+def kubelet_root(d: Path) -> str:
+    """The node kubelet's ``--root-dir``, as ``up`` recorded it (LOCAL_NODE_KUBELET_ROOT_DIR)."""
+    try:
+        return (d / "kubelet-root-dir").read_text().strip()
+    except OSError:
+        return DEFAULT_KUBELET_ROOT
+
+
+def node_mounts(root_dir: str) -> dict[str, str]:
+    """:data:`NODE_MOUNTS` for a kubelet whose ``--root-dir`` is ``root_dir``: the node's
+    kubelet directory goes there, and an empty one of its own over /var/lib/kubelet (what a
+    driver writes there by mistake stays in the node, for a test to find)."""
+    if root_dir == DEFAULT_KUBELET_ROOT:
+        return dict(NODE_MOUNTS)
+    return {root_dir: "kubelet", **{**NODE_MOUNTS, DEFAULT_KUBELET_ROOT: "kubelet-default"}}
+
+
 def kubelet_argv(name: str, d: Path) -> list[str]:
     labels = os.environ.get("LOCAL_NODE_LABELS", "")
+    root = kubelet_root(d)
     return [
         str(BIN / "kubelet"),
+        *([f"--root-dir={root}"] if root != DEFAULT_KUBELET_ROOT else []),
         f"--config={d / 'kubelet.yaml'}",
         f"--kubeconfig={d / 'kubelet.kubeconfig'}",
         f"--hostname-override={name}",
@@ -546,6 +570,10 @@ def up(name: str) -> None:
     t0 = time.monotonic()
     for sub in ("run", "logs"):
         (d / sub).mkdir(parents=True, exist_ok=True)
+    root = os.environ.get("LOCAL_NODE_KUBELET_ROOT_DIR", DEFAULT_KUBELET_ROOT)
+    if not root.startswith("/") or os.path.normpath(root) != root:
+        raise NodeError(f"LOCAL_NODE_KUBELET_ROOT_DIR {root!r} is not a normalized absolute path")
+    (d / "kubelet-root-dir").write_text(root + "\n")
     make_cgroups(name)
     make_kubelet_credentials(name, d)
     ports = write_configs(name, d)
