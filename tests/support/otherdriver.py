@@ -14,6 +14,8 @@ sees, which is the same socket.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from concurrent import futures
@@ -48,6 +50,7 @@ class OtherDriver:
     unprepared: list[str] = field(default_factory=list)
     registered: threading.Event = field(default_factory=threading.Event)
     _servers: list[grpc.Server] = field(default_factory=list)
+    _links: Path | None = None
 
     @property
     def dra_socket(self) -> Path:
@@ -58,19 +61,25 @@ class OtherDriver:
         return self.kubelet_dir / "plugins_registry" / f"{self.name}-reg.sock"
 
     def start(self) -> None:
-        """Listen on the DRA socket, then on the registration socket (the kubelet's cue)."""
-        self.dra_socket.parent.mkdir(parents=True, exist_ok=True)
-        self.registration_socket.parent.mkdir(parents=True, exist_ok=True)
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        dra_grpc.add_DRAPluginServicer_to_server(_Dra(self), server)
-        server.add_insecure_port(f"unix://{self.dra_socket}")
-        server.start()
-        self._servers.append(server)
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        reg_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
-        server.add_insecure_port(f"unix://{self.registration_socket}")
-        server.start()
-        self._servers.append(server)
+        """Listen on the DRA socket, then on the registration socket (the kubelet's cue).
+
+        A node directory can be deeper than a unix socket path may be long (107 bytes), so
+        each socket is bound through a short symlink to its directory (bind follows it)."""
+        self._links = Path(tempfile.mkdtemp(prefix="odrv-"))
+        for i, (socket, servicer) in enumerate(
+            ((self.dra_socket, _Dra(self)), (self.registration_socket, _Registration(self)))
+        ):
+            socket.parent.mkdir(parents=True, exist_ok=True)
+            link = self._links / str(i)
+            link.symlink_to(socket.parent)
+            server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+            if isinstance(servicer, _Dra):
+                dra_grpc.add_DRAPluginServicer_to_server(servicer, server)
+            else:
+                reg_grpc.add_RegistrationServicer_to_server(servicer, server)
+            server.add_insecure_port(f"unix://{link / socket.name}")
+            server.start()
+            self._servers.append(server)
 
     def stop(self) -> None:
         """Stop serving and remove both sockets (the kubelet then forgets the driver)."""
@@ -82,6 +91,8 @@ class OtherDriver:
         with_parent = self.dra_socket.parent
         if with_parent.is_dir() and not any(with_parent.iterdir()):
             with_parent.rmdir()
+        if self._links is not None:
+            shutil.rmtree(self._links, ignore_errors=True)
 
 
 class _Registration(reg_grpc.RegistrationServicer):
