@@ -559,6 +559,12 @@ class E2E:
         ]
         spec.setdefault("terminationGracePeriodSeconds", 2)
         spec.setdefault("dnsPolicy", "Default")
+        return self.create_raw_pod(name, spec)
+
+    def create_raw_pod(self, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """Create a pod from ``spec`` as given (its own images and commands), once the
+        scheduler is done with this test's earlier pods (:meth:`wait_scheduler_settled`)."""
+        self.wait_scheduler_settled()
         body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
         self._pods.append(name)
         return raw(
@@ -567,15 +573,32 @@ class E2E:
             )
         )
 
-    def create_raw_pod(self, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
-        """Create a pod from ``spec`` as given (its own images and commands)."""
-        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
-        self._pods.append(name)
-        return raw(
-            self.core.create_namespaced_pod(
-                self.namespace, k8s.V1Pod.from_dict(body), _preload_content=False
-            )
-        )
+    def wait_scheduler_settled(self, timeout: float = 30.0) -> None:
+        """Wait until each earlier pod of this test is bound to a node or was found
+        unschedulable (``PodScheduled`` False), at most ``timeout`` seconds.
+
+        kube-scheduler 1.37 counts the consumed capacity of a claim it is binding twice for a
+        moment (its assume cache has the allocation while the in-flight entry is still there,
+        until PreBind ends; pkg/scheduler/framework/plugins/dynamicresources, dra_manager.go
+        ``GatherAllocatedState``); a pod whose scheduling cycle falls into that moment gets
+        "cannot allocate all claims" on a device with room, and no later event retries it for
+        up to 5 minutes (the unschedulable queue's flush). Pods of one test that share a
+        device are therefore created one after another, never during another's binding."""
+
+        def settled(name: str) -> bool:
+            try:
+                pod = self.read_pod(name)
+            except ApiException as exc:
+                return exc.status == 404
+            if pod["spec"].get("nodeName") or pod.get("metadata", {}).get("deletionTimestamp"):
+                return True
+            conditions = (pod.get("status") or {}).get("conditions") or []
+            return any(c["type"] == "PodScheduled" and c["status"] == "False" for c in conditions)
+
+        deadline = time.monotonic() + timeout
+        for name in self._pods:
+            while not settled(name) and time.monotonic() < deadline:
+                time.sleep(0.1)
 
     def read_pod(self, name: str) -> dict[str, Any]:
         return raw(self.core.read_namespaced_pod(name, self.namespace, _preload_content=False))
