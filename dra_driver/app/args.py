@@ -12,6 +12,7 @@ from dra_driver.app.kubeletwatch import REGISTRATION_TIMEOUT_S
 from dra_driver.infra import logs
 from dra_driver.infra.budget import DEFAULT_CALL_BUDGET_S, KUBELET_CALL_TIMEOUT_S
 from dra_driver.kubelet.server import DEFAULT_PLUGIN_DIR, DEFAULT_REGISTRY_DIR
+from dra_driver.observe.usagesampler import USAGE_INTERVAL_S
 from dra_driver.prepare.orphans import FIRST_SWEEP_AFTER_S, SWEEP_INTERVAL_S
 
 DEFAULT_CDI_ROOT = "/var/run/cdi"
@@ -22,6 +23,21 @@ DEFAULT_METRICS_BIND_ADDRESS = "127.0.0.1"
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 """What ``add_subparsers`` returns (argparse names the class privately)."""
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type: a number of seconds greater than 0.
+
+    Raises:
+        argparse.ArgumentTypeError: ``text`` is no number, or not above 0.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be more than 0 seconds")
+    return value
 
 
 def _percentage(text: str) -> int:
@@ -262,6 +278,14 @@ def _add_plugin_enforcement(p: argparse.ArgumentParser) -> None:
         help="seconds after the registration socket is created without a call from the kubelet "
         "before the plugin reports that the kubelet does not find it (its --root-dir is not "
         "the one of --registry-dir; default %(default)g)",
+    )
+    p.add_argument(
+        "--usage-interval",
+        type=positive_seconds,
+        default=USAGE_INTERVAL_S,
+        help="seconds between two readings of the fractions' usage (MPS clients, NVML memory "
+        "and SM utilization) for the metrics; a scrape reports the last one (default "
+        "%(default)g)",
     )
     p.add_argument(
         "--claim-device-status",

@@ -104,6 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         orphan_sweep_interval=args.orphan_sweep_interval,
         orphan_sweep_first=args.orphan_sweep_first,
         registration_timeout=args.registration_timeout,
+        usage_interval=args.usage_interval,
         call_budget=args.call_budget,
         claim_device_status=args.claim_device_status,
         host_root=args.host_root,

@@ -41,12 +41,13 @@ from dra_driver.infra.locking import PrepareLock
 from dra_driver.infra.metrics import Metrics
 from dra_driver.kubelet.server import PluginServer, SocketPaths
 from dra_driver.model.plans import ClaimPlan
-from dra_driver.observe.accounting import register_accounting
+from dra_driver.observe.accounting import NoUsage, register_accounting
 from dra_driver.observe.claimstatus import ClientsCondition
 from dra_driver.observe.claimstatuswriter import ClaimStatusWriter
 from dra_driver.observe.consumers import ClaimConsumers, ConsumerWatch
 from dra_driver.observe.mpsoutages import MpsOutageReport, event_on_terminations
 from dra_driver.observe.podevents import PodEvents
+from dra_driver.observe.usagesampler import USAGE_INTERVAL_S, UsageSampler
 from dra_driver.prepare.checkpoint import read_boot_id
 from dra_driver.prepare.claims import ApiClaimReader
 from dra_driver.prepare.orphans import FIRST_SWEEP_AFTER_S, SWEEP_INTERVAL_S, OrphanSweep
@@ -80,6 +81,7 @@ class PluginOptions:
     orphan_sweep_interval: float = SWEEP_INTERVAL_S
     orphan_sweep_first: float = FIRST_SWEEP_AFTER_S
     registration_timeout: float = REGISTRATION_TIMEOUT_S
+    usage_interval: float = USAGE_INTERVAL_S
     call_budget: float = DEFAULT_CALL_BUDGET_S
     claim_device_status: bool = True
     mps: MpsOptions = field(default_factory=MpsOptions)
@@ -202,7 +204,9 @@ class RunningPlugin:
         api = api_client(node.opts.kubeconfig, CLAIM_READERS)
         metrics = Metrics()
         preparation = self._serve_kubelet(node, report, enforcer, api, metrics)
-        register_accounting(metrics.registry, preparation.prepared_plans, usage)
+        sampler = UsageSampler(preparation.prepared_plans, usage or NoUsage(), opts.usage_interval)
+        register_accounting(metrics.registry, preparation.prepared_plans, sampler)
+        self._thread("usage-sampler", sampler.run, self.stop)
         self._thread(
             "gpu-driver",
             wait_for_driver,

@@ -83,3 +83,7 @@ class SimulatedNvml:
     def mps_processes(self, uuid: str) -> list[MpsProcess]:
         self._check(uuid)
         return []
+
+    def process_sm_utilization(self, uuid: str) -> dict[int, float]:
+        self._check(uuid)
+        return {}

@@ -7,12 +7,33 @@ as the enforcer does), at scrape time:
 - ``dra_gpu_fraction_claim_memory_limit_bytes``: ceiling (hard limit), bytes;
 - ``dra_gpu_fraction_claim_memory_used_bytes``: GPU memory in use, bytes (only when the
   usage source knows it; never a made-up zero);
+- ``dra_gpu_fraction_claim_memory_used_ratio``: used memory over the ceiling (0..1; 1 is
+  where the claim's next allocation fails);
+- ``dra_gpu_fraction_claim_sm_utilization_percent``: SM utilization of the claim's processes,
+  percent of the whole GPU (raw);
+- ``dra_gpu_fraction_claim_sm_utilization_normalized_percent``: the same over the claim's
+  portion (:func:`portion`), capped at 100: a quarter running flat out shows 100;
+- ``dra_gpu_fraction_claim_near_ceiling``: 1 while used memory is at least
+  :data:`NEAR_CEILING_RATIO` of the ceiling, else 0;
+- ``dra_gpu_fraction_claim_idle_seconds``: seconds since the claim last used SMs on the GPU (or
+  had a client), 0 while it does;
 - ``dra_gpu_fraction_claim_clients``: client processes (MPS clients of the claim's namespace);
-- ``dra_gpu_fraction_accounting_up``: 1 when the usage source answered this scrape, else 0.
+- ``dra_gpu_fraction_accounting_up``: 1 when the last usage sample is fresh and its source
+  answered, else 0.
 
 Labels: ``claim_namespace``, ``claim_name``, ``claim_uid``, ``gpu_uuid``, ``compute_mode``.
-The usage source is injectable (:class:`UsageSource`): the MPS/NVML one lives in
-:mod:`dra_driver.observe.usage`; :class:`NoUsage` reports request/limit only (simulated nodes).
+Usage is never read at scrape time: :class:`~dra_driver.observe.usagesampler.UsageSampler`
+reads the usage source (:class:`UsageSource`; the MPS/NVML one is
+:mod:`dra_driver.observe.usage`, :class:`NoUsage` knows nothing) at a bounded rate in its own
+thread, and a scrape reports its last sample; a slow or failing NVML delays neither a scrape
+nor a Prepare.
+
+Normalization (:func:`portion`): an sm-sharing claim's SM utilization is divided by its active
+thread percentage (the SM ceiling MPS holds it to), a time-slicing claim's by its guaranteed
+memory over the card's memory (the portion it bought: 1/4 for a quarter), since time slicing
+caps no SMs; capped at 100 as KAI's gpu-fractioning ``..._normalized`` metric is, so that
+dashboards built for it read the same. A time-slicing claim can exceed its portion while its
+neighbours are idle: the raw metric shows by how much.
 The existing ``dra_gpu_fraction_*`` counters and histogram in :mod:`dra_driver.infra.metrics` are
 unchanged; :func:`register_accounting` adds this collector to ``Metrics.registry``.
 """
@@ -43,10 +64,12 @@ class FractionUsage:
     Attributes:
         used_bytes: GPU memory in use, bytes.
         clients: client processes attached.
+        sm_percent: SM utilization of its processes, percent of the whole GPU.
     """
 
     used_bytes: int | None = None
     clients: int | None = None
+    sm_percent: float | None = None
 
 
 class UsageSource(Protocol):
@@ -70,7 +93,8 @@ class NoUsage:
 
 @dataclass(frozen=True)
 class FractionRow:
-    """One claim on one GPU: identity, mode and summed request/limit (bytes)."""
+    """One claim on one GPU: identity, mode, summed request/limit (bytes), the card's memory
+    (bytes) and the active thread percentage (sm-sharing; None otherwise)."""
 
     claim_namespace: str
     claim_name: str
@@ -79,6 +103,8 @@ class FractionRow:
     compute_mode: str
     request_bytes: int
     limit_bytes: int
+    gpu_memory_bytes: int = 0
+    threads: int | None = None
 
     @property
     def labels(self) -> list[str]:
@@ -111,9 +137,69 @@ def fraction_rows(plans: Iterable[ClaimPlan]) -> list[FractionRow]:
                     compute_mode=devs[0].compute_mode,
                     request_bytes=min(sum(d.memory_request_bytes for d in devs), limit),
                     limit_bytes=limit,
+                    gpu_memory_bytes=devs[0].gpu.memory_bytes,
+                    threads=_threads(d.active_thread_percentage for d in devs),
                 )
             )
     return rows
+
+
+def _threads(values: Iterable[int | None]) -> int | None:
+    """Active thread percentage of several devices on one GPU (one namespace: their sum, at
+    most 100), None when none has one."""
+    known = [v for v in values if v is not None]
+    return min(sum(known), 100) if known else None
+
+
+NEAR_CEILING_RATIO = 0.9
+"""Used memory at or above this share of the ceiling makes a fraction "near its ceiling": its
+next allocations are about to fail."""
+
+
+def portion(row: FractionRow) -> float | None:
+    """Pure: the part of the GPU a claim bought, 0..1, for normalizing SM utilization: the
+    active thread percentage / 100 in sm-sharing, else guaranteed memory / card memory; None
+    when it bought nothing (admin access, or a card of unknown size)."""
+    if row.threads is not None:
+        return row.threads / 100
+    if row.request_bytes <= 0 or row.gpu_memory_bytes <= 0:
+        return None
+    return min(row.request_bytes / row.gpu_memory_bytes, 1.0)
+
+
+def normalized_sm(raw_percent: float, row: FractionRow) -> float | None:
+    """Pure: ``raw_percent`` (of the whole GPU) over the claim's :func:`portion`, capped at
+    100; None when the claim has no portion."""
+    share = portion(row)
+    if share is None:
+        return None
+    return min(raw_percent / share, 100.0)
+
+
+def near_ceiling(used_bytes: int, row: FractionRow) -> bool:
+    """Pure: whether ``used_bytes`` is at least :data:`NEAR_CEILING_RATIO` of the ceiling."""
+    return row.limit_bytes > 0 and used_bytes >= NEAR_CEILING_RATIO * row.limit_bytes
+
+
+class UsageView(Protocol):
+    """What the collector reads: the last usage sample and the idle clocks
+    (:class:`~dra_driver.observe.usagesampler.UsageSampler`)."""
+
+    def usage(self) -> Mapping[tuple[str, str], FractionUsage]:
+        """Usage of the last sample by (claim UID, GPU UUID) ({} before the first)."""
+        ...
+
+    def fresh(self) -> bool:
+        """Whether the last sample answered and is recent."""
+        ...
+
+    def idle_seconds(self, key: tuple[str, str]) -> float | None:
+        """Seconds the fraction has been idle (0 when active; None when unknown)."""
+        ...
+
+
+def _gauge(name: str, text: str, labels: Sequence[str] = LABELS) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, text, labels=list(labels))
 
 
 class FractionAccounting(Collector):
@@ -121,41 +207,51 @@ class FractionAccounting(Collector):
 
     Args:
         plans: returns the prepared claims' plans (e.g. ``ClaimPreparation.prepared_plans``).
-        source: usage source.
+        view: the usage sampler whose last sample each scrape reports.
     """
 
-    def __init__(
-        self, plans: Callable[[], Sequence[ClaimPlan]], source: UsageSource | None = None
-    ) -> None:
+    def __init__(self, plans: Callable[[], Sequence[ClaimPlan]], view: UsageView) -> None:
         self.plans = plans
-        self.source: UsageSource = source or NoUsage()
+        self.view = view
 
     @staticmethod
     def _families() -> dict[str, GaugeMetricFamily]:
+        p = "dra_gpu_fraction_claim_"
         return {
-            "request": GaugeMetricFamily(
-                "dra_gpu_fraction_claim_memory_request_bytes",
+            "request": _gauge(
+                p + "memory_request_bytes",
                 "Guaranteed GPU memory of a claim on a GPU (soft limit), bytes",
-                labels=LABELS,
             ),
-            "limit": GaugeMetricFamily(
-                "dra_gpu_fraction_claim_memory_limit_bytes",
+            "limit": _gauge(
+                p + "memory_limit_bytes",
                 "GPU memory ceiling of a claim on a GPU (hard limit), bytes",
-                labels=LABELS,
             ),
-            "used": GaugeMetricFamily(
-                "dra_gpu_fraction_claim_memory_used_bytes",
-                "GPU memory in use by a claim on a GPU, bytes",
-                labels=LABELS,
+            "used": _gauge(p + "memory_used_bytes", "GPU memory in use by a claim on a GPU, bytes"),
+            "ratio": _gauge(
+                p + "memory_used_ratio", "GPU memory in use by a claim over its ceiling, 0..1"
             ),
-            "clients": GaugeMetricFamily(
-                "dra_gpu_fraction_claim_clients",
-                "Client processes of a claim on a GPU (MPS clients of its namespace)",
-                labels=LABELS,
+            "near": _gauge(
+                p + "near_ceiling",
+                f"1 while a claim uses at least {NEAR_CEILING_RATIO:g} of its memory ceiling",
             ),
-            "up": GaugeMetricFamily(
+            "sm": _gauge(
+                p + "sm_utilization_percent",
+                "SM utilization of a claim's processes, percent of the whole GPU",
+            ),
+            "sm_norm": _gauge(
+                p + "sm_utilization_normalized_percent",
+                "SM utilization of a claim over the portion it bought, percent (max 100)",
+            ),
+            "idle": _gauge(
+                p + "idle_seconds", "Seconds since a claim last used SMs on a GPU (0 while busy)"
+            ),
+            "clients": _gauge(
+                p + "clients", "Client processes of a claim on a GPU (MPS clients of its namespace)"
+            ),
+            "up": _gauge(
                 "dra_gpu_fraction_accounting_up",
-                "1 if the usage source answered this scrape, else 0",
+                "1 if the last usage sample is recent and its source answered, else 0",
+                (),
             ),
         }
 
@@ -164,7 +260,7 @@ class FractionAccounting(Collector):
         return list(self._families().values())
 
     def collect(self) -> Iterable[Metric]:
-        """Build the samples for this scrape."""
+        """Build the samples for this scrape from the last usage sample."""
         fam = self._families()
         try:
             plans = list(self.plans())
@@ -172,30 +268,37 @@ class FractionAccounting(Collector):
             log.warning("accounting: cannot list prepared claims", error=str(exc))
             fam["up"].add_metric([], 0)
             return list(fam.values())
-        up = 1
-        try:
-            usage = dict(self.source.snapshot(plans))
-        except Exception as exc:
-            log.warning("accounting: usage source failed", error=str(exc))
-            usage, up = {}, 0
+        usage = self.view.usage()
         for row in fraction_rows(plans):
+            key = (row.claim_uid, row.gpu_uuid)
             fam["request"].add_metric(row.labels, row.request_bytes)
             fam["limit"].add_metric(row.labels, row.limit_bytes)
-            seen = usage.get((row.claim_uid, row.gpu_uuid))
-            if seen is not None and seen.used_bytes is not None:
+            seen = usage.get(key)
+            if seen is None:
+                continue
+            if seen.used_bytes is not None:
                 fam["used"].add_metric(row.labels, seen.used_bytes)
-            if seen is not None and seen.clients is not None:
+                if row.limit_bytes > 0:
+                    fam["ratio"].add_metric(row.labels, seen.used_bytes / row.limit_bytes)
+                fam["near"].add_metric(row.labels, int(near_ceiling(seen.used_bytes, row)))
+            if seen.sm_percent is not None:
+                fam["sm"].add_metric(row.labels, seen.sm_percent)
+                norm = normalized_sm(seen.sm_percent, row)
+                if norm is not None:
+                    fam["sm_norm"].add_metric(row.labels, norm)
+            idle = self.view.idle_seconds(key)
+            if idle is not None:
+                fam["idle"].add_metric(row.labels, idle)
+            if seen.clients is not None:
                 fam["clients"].add_metric(row.labels, seen.clients)
-        fam["up"].add_metric([], up)
+        fam["up"].add_metric([], int(self.view.fresh()))
         return list(fam.values())
 
 
 def register_accounting(
-    registry: CollectorRegistry,
-    plans: Callable[[], Sequence[ClaimPlan]],
-    source: UsageSource | None = None,
+    registry: CollectorRegistry, plans: Callable[[], Sequence[ClaimPlan]], view: UsageView
 ) -> FractionAccounting:
     """Create the collector and register it in ``registry`` (e.g. ``Metrics.registry``)."""
-    collector = FractionAccounting(plans, source)
+    collector = FractionAccounting(plans, view)
     registry.register(collector)
     return collector

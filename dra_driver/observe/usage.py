@@ -9,6 +9,10 @@
   claim's client PIDs in ``nvmlDeviceGetMPSComputeRunningProcesses_v3`` ([INFERRED] that it
   reports per-client memory under MPS; verify on hardware). No clients -> 0 bytes. For a
   multi-GPU claim a client missing from one GPU's list uses none of that GPU.
+- SM utilization: the sum over the claim's client PIDs of their mean ``smUtil`` since the last
+  sample (``nvmlDeviceGetProcessUtilization``, percent of the whole GPU; a PID without samples
+  used none); unknown when NVML fails ([INFERRED] that NVML attributes utilization to MPS
+  client PIDs; ``hack/gpu-check`` verifies it on a GPU node).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class MpsUsageSource:
         with budget.within(Budget.of(SCRAPE_BUDGET_S)):
             clients = self.enforcer.clients()
         procs: dict[str, dict[int, int | None]] = {}
+        sm: dict[str, dict[int, float] | None] = {}
         out: dict[tuple[str, str], FractionUsage] = {}
         for t in self.enforcer.targets():
             key = (t.claim.uid, t.gpu.uuid)
@@ -67,8 +72,18 @@ class MpsUsageSource:
                 known = [procs[t.gpu.uuid].get(pid, absent) for pid in pids]
                 if all(v is not None for v in known):
                     used = sum(v for v in known if v is not None)
-            out[key] = FractionUsage(used_bytes=used, clients=len(pids))
+            if t.gpu.uuid not in sm:
+                sm[t.gpu.uuid] = self._sm(t.gpu.uuid)
+            per_pid = sm[t.gpu.uuid]
+            sm_percent = None if per_pid is None else sum(per_pid.get(pid, 0.0) for pid in pids)
+            out[key] = FractionUsage(used_bytes=used, clients=len(pids), sm_percent=sm_percent)
         return out
+
+    def _sm(self, gpu_uuid: str) -> dict[int, float] | None:
+        try:
+            return self.nvml.process_sm_utilization(gpu_uuid)
+        except NvmlError:
+            return None
 
     def _cgroup_used(self, claim_uid: str, gpu_uuid: str) -> int | None:
         cgroups = [p for p in self.enforcer.janitor.containers(claim_uid).values() if p.is_dir()]

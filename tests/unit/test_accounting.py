@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -12,8 +12,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from dra_driver.enforce.nvmlcontrol import UNLIMITED, CgroupMemory, MpsProcess
 from dra_driver.infra.metrics import Metrics
 from dra_driver.model.plans import ClaimPlan
-from dra_driver.observe.accounting import FractionUsage, fraction_rows, register_accounting
+from dra_driver.observe.accounting import (
+    FractionUsage,
+    UsageSource,
+    fraction_rows,
+    register_accounting,
+)
 from dra_driver.observe.usage import MpsUsageSource
+from dra_driver.observe.usagesampler import UsageSampler
 from tests.support.fakes.plans import GIB, Node, device, gpu, plan
 
 UID_A = "0a000000-0000-4000-8000-00000000000a"
@@ -41,6 +47,16 @@ def labels(p: ClaimPlan, gpu_uuid: str, mode: str) -> tuple[tuple[str, str], ...
             }.items()
         )
     )
+
+
+def sampled(
+    metrics: Metrics, plans: Callable[[], Sequence[ClaimPlan]], source: UsageSource
+) -> UsageSampler:
+    """A sampler over ``source`` registered in ``metrics``, with one sample taken."""
+    sampler = UsageSampler(plans, source)
+    register_accounting(metrics.registry, plans, sampler)
+    sampler.sample_once()
+    return sampler
 
 
 class StaticSource:
@@ -73,7 +89,7 @@ def test_collector_reports_request_limit_used_clients() -> None:
             (UID_B, g1.uuid): FractionUsage(used_bytes=None, clients=0),
         }
     )
-    register_accounting(metrics.registry, lambda: [a, b], source)
+    sampled(metrics, lambda: [a, b], source)
     got = scrape(metrics)
     la, lb = labels(a, g0.uuid, "time-slicing"), labels(b, g1.uuid, "sm-sharing")
     assert got[("dra_gpu_fraction_claim_memory_request_bytes", la)] == 10 * GIB
@@ -87,13 +103,15 @@ def test_collector_reports_request_limit_used_clients() -> None:
     assert got[("dra_gpu_fraction_accounting_up", ())] == 1
     assert got[("dra_gpu_fraction_operations_total", (("operation", "prepare"),))] == 1
     assert source.seen == [2]
+    scrape(metrics)
+    assert source.seen == [2]  # a scrape reports the last sample, it never asks the source
 
 
 def test_collector_survives_a_failing_source_and_follows_plans() -> None:
     g = gpu(0)
     plans = [plan(device(g, GIB), uid=UID_A)]
     metrics = Metrics()
-    register_accounting(metrics.registry, lambda: plans, StaticSource({}, fail=True))
+    sampler = sampled(metrics, lambda: plans, StaticSource({}, fail=True))
     got = scrape(metrics)
     assert got[("dra_gpu_fraction_accounting_up", ())] == 0
     assert (
@@ -101,15 +119,17 @@ def test_collector_survives_a_failing_source_and_follows_plans() -> None:
         == GIB
     )
     plans.clear()
+    sampler.sample_once()
     got = scrape(metrics)
     assert not any(name.startswith("dra_gpu_fraction_claim_") for name, _ in got)
 
 
 def test_duplicate_registration_is_refused() -> None:
     metrics = Metrics()
-    register_accounting(metrics.registry, list)
+    sampler = UsageSampler(list, StaticSource({}))
+    register_accounting(metrics.registry, list, sampler)
     with pytest.raises(ValueError):
-        register_accounting(metrics.registry, list)
+        register_accounting(metrics.registry, list, sampler)
 
 
 def test_fraction_rows_cap_limit_at_card() -> None:
@@ -151,7 +171,7 @@ def test_mps_usage_source(tmp_path: Path) -> None:
         MpsProcess(9, 7),
     ]
     metrics = Metrics()
-    register_accounting(metrics.registry, lambda: [a, b], MpsUsageSource(node.enforcer, node.nvml))
+    sampler = sampled(metrics, lambda: [a, b], MpsUsageSource(node.enforcer, node.nvml))
     got = scrape(metrics)
     la, lb = labels(a, g0.uuid, "time-slicing"), labels(b, g1.uuid, "sm-sharing")
     assert got[("dra_gpu_fraction_claim_memory_used_bytes", la)] == 5 * GIB
@@ -161,5 +181,6 @@ def test_mps_usage_source(tmp_path: Path) -> None:
     assert got[("dra_gpu_fraction_accounting_up", ())] == 1
     # an MPS process whose memory NVML cannot tell makes the total unknown, not smaller
     node.nvml.gpus[g1.uuid].processes = [MpsProcess(p1, GIB), MpsProcess(p2, None)]
+    sampler.sample_once()
     assert ("dra_gpu_fraction_claim_memory_used_bytes", lb) not in scrape(metrics)
     assert node.nvml.cgroups[(g0.uuid, str(cg / "ctr1"))].hard_bytes != UNLIMITED

@@ -247,6 +247,7 @@ class FakeGpuState:
     used: int = 0
     compute_mode: str = "DEFAULT"
     processes: list[MpsProcess] = field(default_factory=list)
+    sm_utilization: dict[int, float] = field(default_factory=dict)
 
 
 class FakeNvml:
@@ -296,3 +297,6 @@ class FakeNvml:
 
     def mps_processes(self, uuid: str) -> list[MpsProcess]:
         return list(self._gpu(uuid).processes)
+
+    def process_sm_utilization(self, uuid: str) -> dict[int, float]:
+        return dict(self._gpu(uuid).sm_utilization)

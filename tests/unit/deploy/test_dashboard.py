@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from dra_driver.infra.metrics import Metrics
-from dra_driver.observe.accounting import register_accounting
+from dra_driver.observe.accounting import NoUsage, register_accounting
+from dra_driver.observe.usagesampler import UsageSampler
 from tests.support.paths import REPO
 
 ROOT = REPO
@@ -59,13 +60,14 @@ PROMQL_WORDS = {
     "sum",
     "topk",
     "unless",
+    "vector",
 }
 
 
 def exported_families() -> dict[str, str]:
     """Metric family name -> type, from the registry the plugin serves."""
     metrics = Metrics()
-    register_accounting(metrics.registry, list)
+    register_accounting(metrics.registry, list, UsageSampler(list, NoUsage()))
     return {family.name: family.type for family in metrics.registry.collect()}
 
 
