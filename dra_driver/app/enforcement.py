@@ -9,10 +9,12 @@ from pathlib import Path
 from dra_driver.app.nodestate import NodeState
 from dra_driver.enforce import FractionEnforcer, RecordingEnforcer
 from dra_driver.enforce.enforcer import MpsEnforcer, MpsOptions
+from dra_driver.enforce.names import daemon_pipe_dir
 from dra_driver.enforce.nvmlcontrol import NvmlFacade, PynvmlFacade
 from dra_driver.enforce.simnvml import SimulatedNvml
 from dra_driver.enforce.tiers import EnforcementReport
 from dra_driver.infra.runner import SubprocessRunner
+from dra_driver.model.vocabulary import ComputeMode
 from dra_driver.observe.accounting import UsageSource
 from dra_driver.observe.usage import MpsUsageSource
 
@@ -36,7 +38,8 @@ def make_enforcer(
         return RecordingEnforcer(tiers=report.tiers, options=mps, make_dirs=True), None
     nvml: NvmlFacade
     if sim_root is not None:
-        nvml = SimulatedNvml(sim_root / "nvml", state.present_uuids)
+        pipes = [daemon_pipe_dir(mps.mps_root, mode) for mode in ComputeMode]
+        nvml = SimulatedNvml(sim_root / "nvml", state.present_uuids, pipes)
     else:
         nvml = PynvmlFacade()
     options = replace(mps, dmem_backend=report.node.dmem_backend)

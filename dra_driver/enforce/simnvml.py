@@ -8,7 +8,11 @@ MPS enforcer run on a simulated node, against the MPS emulator (:mod:`dra_driver
 - its compute mode is kept in ``<root>/compute-mode/<uuid>`` (``DEFAULT`` until set), so it
   outlives a plugin restart as a real GPU's does until the driver reloads;
 - per-cgroup memory limits are remembered for the plugin's life and never enforced (no GPU);
-- there are no MPS client processes with GPU memory to report.
+- MPS client processes, their memory and their SM utilization are what the emulated MPS
+  servers granted their clients (``<daemon pipe>/<server>/usage.json``,
+  :mod:`dra_driver.model.simusage`; a tenant asks for it with ``tenant-probe --use-memory
+  --use-sm``); a cgroup's ``currentUsed`` is the memory of the clients whose
+  ``/proc/<pid>/cgroup`` is that cgroup or below it.
 
 Nothing here is real NVML: on a GPU node :class:`~dra_driver.enforce.nvmlcontrol.PynvmlFacade` is
 used.
@@ -28,6 +32,7 @@ from dra_driver.enforce.nvmlcontrol import (
     NvmlError,
 )
 from dra_driver.infra.atomicfile import write_atomic
+from dra_driver.model import simusage
 
 
 class SimulatedNvml:
@@ -36,11 +41,21 @@ class SimulatedNvml:
     Args:
         root: directory of its state (``<simulation root>/nvml``).
         gpus: the UUIDs of the GPUs present now (the simulated inventory).
+        pipes: the MPS control daemons' pipe directories, whose servers' usage files it reads.
+        proc: the ``/proc`` to read client cgroups from.
     """
 
-    def __init__(self, root: Path, gpus: Callable[[], Iterable[str]]) -> None:
+    def __init__(
+        self,
+        root: Path,
+        gpus: Callable[[], Iterable[str]],
+        pipes: Iterable[Path] = (),
+        proc: Path = Path("/proc"),
+    ) -> None:
         self.root = root
         self.gpus = gpus
+        self.pipes = tuple(pipes)
+        self.proc = proc
         self._lock = threading.Lock()
         self._cgroups: dict[tuple[str, str], CgroupMemory] = {}
 
@@ -73,7 +88,9 @@ class SimulatedNvml:
     def cgroup_memory(self, uuid: str, cgroup: str) -> CgroupMemory:
         self._check(uuid)
         with self._lock:
-            return self._cgroups.get((uuid, cgroup), CgroupMemory(0, UNLIMITED, 0))
+            limits = self._cgroups.get((uuid, cgroup), CgroupMemory(0, UNLIMITED, 0))
+        used = sum(c.used_bytes for c in self._clients(uuid) if self._within(c.pid, cgroup))
+        return CgroupMemory(limits.soft_bytes, limits.hard_bytes, used)
 
     def set_cgroup_limits(self, uuid: str, cgroup: str, soft_bytes: int, hard_bytes: int) -> None:
         self._check(uuid)
@@ -82,8 +99,45 @@ class SimulatedNvml:
 
     def mps_processes(self, uuid: str) -> list[MpsProcess]:
         self._check(uuid)
-        return []
+        return [MpsProcess(c.pid, c.used_bytes) for c in self._clients(uuid)]
 
     def process_sm_utilization(self, uuid: str) -> dict[int, float]:
         self._check(uuid)
-        return {}
+        return {c.pid: c.sm_percent for c in self._clients(uuid) if c.sm_percent > 0}
+
+    def _clients(self, uuid: str) -> list[simusage.ClientUse]:
+        """The emulated clients using GPU ``uuid`` (unreadable usage files are skipped)."""
+        out: list[simusage.ClientUse] = []
+        for pipe in self.pipes:
+            for path in sorted(pipe.glob(f"*/{simusage.USAGE_FILE}")):
+                try:
+                    use = simusage.parse(path.read_bytes())
+                except (OSError, ValueError):
+                    continue
+                if not use.gpus or uuid in use.gpus:
+                    out.extend(use.clients)
+        return out
+
+    def _within(self, pid: int, cgroup: str) -> bool:
+        """Whether process ``pid``'s cgroup (``0::<path>`` of ``/proc/<pid>/cgroup``) is the
+        directory ``cgroup`` or below it (:func:`cgroup_within`)."""
+        try:
+            lines = (self.proc / str(pid) / "cgroup").read_text().splitlines()
+        except OSError:
+            return False
+        own = next((x[3:] for x in lines if x.startswith("0::")), "")
+        return cgroup_within(own, cgroup)
+
+
+def cgroup_within(own: str, directory: str) -> bool:
+    """Pure: whether a process whose cgroup v2 path is ``own`` (as ``/proc/<pid>/cgroup``
+    shows it, relative to the reader's cgroup namespace: ``/../..`` first when the process is
+    outside it) lies in the cgroup ``directory`` (a path under the cgroup mount) or below it:
+    some tail of ``directory`` of at least two components is ``own`` or a parent of it."""
+    parts = [x for x in own.split("/") if x and x != ".."]
+    tail = [x for x in directory.split("/") if x]
+    for k in range(len(tail) - 1):
+        n = len(tail) - k
+        if parts[:n] == tail[k:]:
+            return True
+    return False

@@ -8,7 +8,12 @@ then ``PING`` / ``PONG <server pid>``), holds the connection and prints one line
     tenant-probe: t=2026-01-01T00:00:00+00:00 server=gpu_0 server_pid=1234 namespace=c_x
       pinned_memory_limit=4G active_thread_percentage=50 state=connected
 
-(one line each time, ``state`` last). ``state`` is ``connected`` (just attached), ``same``
+(one line each time, ``state`` last). With ``--use-memory <quantity>`` (``2Gi``, ``512Mi``,
+bytes) and ``--use-sm <percent>`` it then tells the server what it allocates and computes
+(``USE <bytes> <percent>``) and reports ``using`` (``used_memory=`` bytes, ``sm=`` percent: what
+the server granted) or ``use-refused`` (``reason=``, e.g. ``CUDA_ERROR_OUT_OF_MEMORY ...`` past
+the namespace's pinned memory limit), as a CUDA program's allocation succeeds or fails; the
+simulated NVML reports the granted use. ``state`` is ``connected`` (just attached), ``same``
 (still attached to the same server process), ``terminated`` (the server ended the connection
 and said why: ``reason=``), ``lost`` (the connection ended or went quiet), ``rejected`` (the
 server refused the greeting: ``reason=``, e.g. ``ERROR CUDA_ERROR_MPS_MAX_CLIENTS_REACHED ...``
@@ -20,9 +25,11 @@ would; :func:`parse_line` reads a line back into a dict.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime
 import os
+import re
 import select
 import shlex
 import signal
@@ -130,8 +137,37 @@ def _hold(link: _Link, info: dict[str, str]) -> None:
         report("same", **fields)
 
 
-def _attach(path: str) -> None:
-    """One connection's life: greet, report, hold; raises OSError when it cannot connect."""
+_QUANTITY = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti)?$")
+_UNITS = {None: 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
+
+
+def quantity_bytes(text: str) -> int:
+    """Bytes of a Kubernetes binary quantity (``2Gi``, ``512Mi``, ``1024``).
+
+    Raises:
+        argparse.ArgumentTypeError: anything else.
+    """
+    m = _QUANTITY.match(text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r}: want bytes or <n>Ki|Mi|Gi|Ti")
+    return int(m.group(1)) * _UNITS[m.group(2)]
+
+
+def _use(link: _Link, use: tuple[int, float], info: dict[str, str]) -> None:
+    """Tell the server what this client uses and report what it granted."""
+    fields = {k: info.get(k, "?") for k in ("server", "namespace")}
+    link.send(f"USE {use[0]} {use[1]:g}")
+    answer = link.read() or "no answer"
+    words = answer.split()
+    if words[0] == "USING" and len(words) == 3:
+        report("using", **fields, used_memory=words[1], sm=words[2])
+    else:
+        report("use-refused", **fields, reason=answer.partition(" ")[2] or answer)
+
+
+def _attach(path: str, use: tuple[int, float] | None = None) -> None:
+    """One connection's life: greet, report, tell the use, hold; raises OSError when it
+    cannot connect."""
     link = _Link(path)
     try:
         link.send(f"HELLO {os.getpid()} tenant-probe")
@@ -141,6 +177,8 @@ def _attach(path: str) -> None:
             report("rejected", reason=answer or "no answer")
             return
         report("connected", **{k: info.get(k, "?") for k in WELCOME_KEYS})
+        if use is not None:
+            _use(link, use, info)
         _hold(link, info)
     except OSError as exc:
         report("lost", error=str(exc))
@@ -152,15 +190,24 @@ def _stop(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(0)
 
 
-def main() -> int:
-    """Probe until SIGTERM; returns 0."""
+def main(argv: list[str] | None = None) -> int:
+    """Probe until SIGTERM; returns 0 (2 for bad arguments)."""
+    parser = argparse.ArgumentParser(prog="tenant-probe")
+    parser.add_argument("--use-memory", type=quantity_bytes, default=None)
+    parser.add_argument("--use-sm", type=float, default=0.0)
+    args = parser.parse_args(argv)
+    if not 0 <= args.use_sm <= 100:
+        parser.error("--use-sm: a percentage 0..100")
+    use = None
+    if args.use_memory is not None or args.use_sm:
+        use = (args.use_memory or 0, args.use_sm)
     signal.signal(signal.SIGTERM, _stop)
     pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
     path = os.path.join(pipe, "control")
     try:
         while True:
             try:
-                _attach(path)
+                _attach(path, use)
             except OSError as exc:
                 report("unreachable", pipe=pipe, error=exc.strerror or str(exc))
             time.sleep(INTERVAL_S)

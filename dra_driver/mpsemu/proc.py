@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+import struct
 from pathlib import Path
 
 
@@ -21,3 +23,16 @@ def write_pid_file(path: Path) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     tmp.write_text(f"{os.getpid()}\n")
     os.replace(tmp, path)
+
+
+def peer_pid(sock: socket.socket) -> int:
+    """The PID of a unix socket's peer (``SO_PEERCRED``), as the host sees it; 0 where the
+    platform or the socket cannot tell."""
+    option = getattr(socket, "SO_PEERCRED", None)
+    if option is None:
+        return 0
+    try:
+        pid, _uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, option, 12))
+    except OSError:
+        return 0
+    return int(pid)

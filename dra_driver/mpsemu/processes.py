@@ -187,7 +187,7 @@ class ProcessWorld:
         log = daemon.log / server.name / "server.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, str(server_launcher()), "--name", server.name]
-        argv += ["--dir", str(directory), "--log", str(log)]
+        argv += ["--dir", str(directory), "--log", str(log), "--gpus", ",".join(server.allowed)]
         with log.open("ab") as errors:
             proc = subprocess.Popen(
                 [*argv, *([] if device_visible else ["--no-device"])],

@@ -16,7 +16,10 @@ gone) the server closes every connection without a word and exits; its socket fi
 Clients (:mod:`dra_driver.mpsemu.probe` is one) speak lines of at most 4 KiB: ``HELLO <pid>
 <cmd>`` first (within 5 s), answered ``WELCOME server=<name> server_pid=<pid>
 namespace=<ns> pinned_memory_limit=<4G|unlimited> active_thread_percentage=<p|->``; then
-``PING``, answered ``PONG <server pid>``. The server may send ``TERMINATED <reason>`` and
+``PING``, answered ``PONG <server pid>``, or ``USE <bytes> <percent>`` (what it allocates and
+computes, held to its namespace's limits: :func:`dra_driver.model.simusage.grant`), answered
+``USING <bytes> <percent>`` or ``REFUSED <error>``; every client's use is in
+``<dir>/usage.json`` for the simulated NVML. The server may send ``TERMINATED <reason>`` and
 close; a malformed line is answered ``ERROR <text>`` and closed. A client's PID is its peer
 credential (the host's view), else the one it sent.
 
@@ -41,14 +44,14 @@ import json
 import os
 import selectors
 import socket
-import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from dra_driver.model import simusage
 from dra_driver.mpsemu.model import CONTROL_SOCKET, DEFAULT_NAMESPACE, mem_text
-from dra_driver.mpsemu.proc import set_process_name
+from dra_driver.mpsemu.proc import peer_pid, set_process_name
 
 SERVER_PROGRAM = "nvidia-cuda-mps-server"
 """The server program's name (its argv[0] and, cut to 15 characters, its process name)."""
@@ -77,8 +80,8 @@ hardware resources required to create MPS client have been exhausted")."""
 class _Space:
     name: str
     listener: socket.socket
-    pinned: str = "unlimited"
     threads: str = "-"
+    pinned_bytes: int | None = None
 
 
 @dataclass
@@ -90,17 +93,7 @@ class _Conn:
     pid: int = 0
     cmd: str = ""
     attached: bool = False
-
-
-def _peer_pid(sock: socket.socket) -> int:
-    option = getattr(socket, "SO_PEERCRED", None)
-    if option is None:
-        return 0
-    try:
-        pid, _uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, option, 12))
-    except OSError:
-        return 0
-    return int(pid)
+    use: tuple[int, float] = (0, 0.0)
 
 
 class ServerLoop:
@@ -112,8 +105,9 @@ class ServerLoop:
         log: its ``server.log``, open for appending text.
     """
 
-    def __init__(self, name: str, directory: Path, log: TextIO) -> None:
+    def __init__(self, name: str, directory: Path, log: TextIO, gpus: tuple[str, ...] = ()) -> None:
         self.name = name
+        self.gpus = gpus
         self.directory = directory
         self.log = log
         self.pid = os.getpid()
@@ -204,9 +198,10 @@ class ServerLoop:
             name, pinned, threads = args
             if name not in self.spaces:
                 self.listen(name)
-            self.spaces[name].pinned = mem_text(None if pinned == "-" else int(pinned))
+            self.spaces[name].pinned_bytes = None if pinned == "-" else int(pinned)
             self.spaces[name].threads = threads
-            self.say(f"namespace {name}: pinned {self.spaces[name].pinned}, threads {threads}")
+            pinned_text = mem_text(self.spaces[name].pinned_bytes)
+            self.say(f"namespace {name}: pinned {pinned_text}, threads {threads}")
             return ""
         if verb == "NSDEL" and len(args) == 1:
             space = self.spaces.pop(args[0])
@@ -282,7 +277,7 @@ class ServerLoop:
             if len(words) < 2 or words[0] != "HELLO" or not words[1].isdigit():
                 self._drop(conn, "ERROR expected: HELLO <pid> <cmd>")
                 return
-            conn.pid = _peer_pid(conn.sock) or int(words[1])
+            conn.pid = peer_pid(conn.sock) or int(words[1])
             conn.cmd = words[2] if len(words) > 2 else "-"
             attached = sum(1 for c in self.conns.values() if c.attached)
             if attached >= CLIENT_TABLE:
@@ -297,17 +292,49 @@ class ServerLoop:
                 )
                 return
             conn.attached = True
+            self.write_usage()
             space = self.spaces[conn.space]
             self.say(f"client {conn.pid} ({conn.cmd}) attached to namespace {conn.space}")
             self._send(
                 conn,
                 f"WELCOME server={self.name} server_pid={self.pid} namespace={conn.space} "
-                f"pinned_memory_limit={space.pinned} active_thread_percentage={space.threads}",
+                f"pinned_memory_limit={mem_text(space.pinned_bytes)} "
+                f"active_thread_percentage={space.threads}",
             )
         elif line == "PING":
             self._send(conn, f"PONG {self.pid}")
+        elif words[0] == "USE" and len(words) == 3 and words[1].isdigit():
+            self._use(conn, int(words[1]), words[2])
         else:
-            self._drop(conn, "ERROR expected: PING")
+            self._drop(conn, "ERROR expected: PING or USE <bytes> <percent>")
+
+    def _use(self, conn: _Conn, want_bytes: int, want_sm: str) -> None:
+        space = self.spaces[conn.space]
+        threads = int(space.threads) if space.threads.isdigit() else None
+        try:
+            got = simusage.grant(want_bytes, float(want_sm), space.pinned_bytes, threads)
+        except ValueError:
+            got = f"invalid percentage {want_sm!r}"
+        if isinstance(got, str):
+            self.say(f"client {conn.pid} on namespace {conn.space}: {got}")
+            self._send(conn, f"REFUSED {got}")
+            return
+        conn.use = got
+        self._send(conn, f"USING {got[0]} {got[1]:g}")
+        self.write_usage()
+
+    def write_usage(self) -> None:
+        """Rewrite ``<dir>/usage.json``: every attached client's use (0 until it says)."""
+        clients = tuple(
+            simusage.ClientUse(c.pid, c.space, *c.use) for c in self.conns.values() if c.attached
+        )
+        body = simusage.render(simusage.ServerUse(self.gpus, clients))
+        path = self.directory / simusage.USAGE_FILE
+        with contextlib.suppress(OSError):  # the directory may be gone at shutdown
+            fd = os.open(f"{path}.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                out.write(body)
+            os.replace(f"{path}.tmp", path)  # readers see the old or the new file, whole
 
     def _send(self, conn: _Conn, line: str) -> None:
         data = (line + "\n").encode()
@@ -329,10 +356,12 @@ class ServerLoop:
         conn.sock.close()
         if conn.attached:
             self.say(f"client {conn.pid} detached from namespace {conn.space}")
+            self.write_usage()
 
 
 def server_main(argv: list[str]) -> int:
-    """Run one server: ``--name <server> --dir <pipe>/<server> --log <file> [--no-device]``.
+    """Run one server: ``--name <server> --dir <pipe>/<server> --log <file> [--no-device]
+    [--gpus <uuid,...>]``.
 
     Writes ``READY <pid>`` on stdout once ``<dir>/control`` listens, then serves (see the
     module docstring). With ``--no-device`` it only logs :data:`NO_DEVICE` and returns 1.
@@ -342,11 +371,13 @@ def server_main(argv: list[str]) -> int:
     parser.add_argument("--dir", required=True, type=Path)
     parser.add_argument("--log", required=True, type=Path)
     parser.add_argument("--no-device", action="store_true")
+    parser.add_argument("--gpus", default="", help="comma-separated UUIDs it serves")
     args = parser.parse_args(argv)
     set_process_name(SERVER_PROGRAM)
     args.log.parent.mkdir(parents=True, exist_ok=True)
     with args.log.open("a") as log:
-        loop = ServerLoop(args.name, args.dir, log)
+        gpus = tuple(g for g in args.gpus.split(",") if g)
+        loop = ServerLoop(args.name, args.dir, log, gpus)
         if args.no_device:
             loop.say(f"server {args.name}: {NO_DEVICE}")
             return 1

@@ -15,10 +15,13 @@ import pytest
 
 from dra_driver.enforce.base import ClientTermination
 from dra_driver.enforce.enforcer import MpsEnforcer, MpsOptions
+from dra_driver.enforce.simnvml import SimulatedNvml
 from dra_driver.infra.runner import SubprocessRunner
 from dra_driver.model.gpu import Gpu
 from dra_driver.model.plans import ClaimRef
 from dra_driver.mpsemu import emulator_path
+from dra_driver.observe.accounting import FractionUsage, fraction_rows, normalized_sm
+from dra_driver.observe.usage import MpsUsageSource
 from tests.support.fakes.mps_control import FakeNvml
 from tests.support.fakes.plans import GIB, device, gpu, plan
 from tests.support.mpsemu import HeldClients, Probe, alive, private_root, wait_for
@@ -149,3 +152,51 @@ def test_a_flooding_claim_is_cut_to_its_cap_and_its_neighbour_gets_in(
     assert neighbour.stop() == 0
     for h in [*flood, bulk]:
         h.stop()
+
+
+def test_two_tenants_usage_flows_from_the_emulated_server_to_the_metrics(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 27: tenants say what they use (``tenant-probe --use-memory --use-sm``); the
+    emulated server holds each to its namespace's limits as MPS would; the simulated NVML
+    reports what was granted, and the usage source maps it to claims through their MPS
+    clients."""
+    g = gpu(0, memory_mib=80 * 1024)
+    monkeypatch.setenv("MPS_EMULATOR_VISIBLE_GPUS", g.uuid)
+    pipes = [root / "run/mps/time-slicing/pipe", root / "run/mps/sm-sharing/pipe"]
+    nvml = SimulatedNvml(root / "nvml", lambda: [g.uuid], pipes)
+    options = MpsOptions(
+        root=str(root / "run"),
+        control_binary=str(emulator_path()),
+        cgroup_root=str(root / "cgroup"),
+        command_timeout=20,
+    )
+    enforcer = MpsEnforcer({g.uuid: "hard"}, nvml, SubprocessRunner(), options)
+    a = plan(device(g, 20 * GIB), uid=UID_A, name="train")
+    b = plan(device(g, 10 * GIB), uid=UID_B, name="serve")
+    pipe_a = Path(enforcer.apply(a)["gpu-0-quarter-0"].mounts[0].host_path)
+    pipe_b = Path(enforcer.apply(b)["gpu-0-quarter-0"].mounts[0].host_path)
+    probes = [
+        Probe(pipe_a, args=["--use-memory", "2Gi", "--use-sm", "40"]),
+        Probe(pipe_b, args=["--use-memory", "11Gi", "--use-sm", "30"]),  # past its 10G limit
+        Probe(pipe_b, args=["--use-memory", "1Gi", "--use-sm", "10"]),
+    ]
+    try:
+        got = [p.wait_line(lambda f: f.get("state", "").startswith("us"), 10) for p in probes]
+        assert (got[0]["state"], got[0]["used_memory"], got[0]["sm"]) == (
+            "using",
+            str(2 * GIB),
+            "40",
+        )
+        assert got[1]["state"] == "use-refused" and "CUDA_ERROR_OUT_OF_MEMORY" in got[1]["reason"]
+        assert (got[2]["state"], got[2]["used_memory"]) == ("using", str(GIB))
+        usage = MpsUsageSource(enforcer, nvml).snapshot([a, b])
+        assert usage[(UID_A, g.uuid)] == FractionUsage(used_bytes=2 * GIB, clients=1, sm_percent=40)
+        assert usage[(UID_B, g.uuid)] == FractionUsage(used_bytes=GIB, clients=2, sm_percent=10)
+        [row_a, _] = fraction_rows([a, b])
+        assert normalized_sm(40, row_a) == 100  # a quarter of the card using 40% of its SMs
+    finally:
+        for p in probes:
+            p.stop()
+        enforcer.release(UID_A)
+        enforcer.release(UID_B)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TypeVar
@@ -91,12 +91,15 @@ class Probe(LineReader):
     Args:
         pipe: the ``CUDA_MPS_PIPE_DIRECTORY`` it connects through.
         env: more environment (the marker of :func:`private_root` must be in it or in pipe).
+        args: its arguments (``--use-memory 2Gi --use-sm 40``).
     """
 
-    def __init__(self, pipe: Path, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, pipe: Path, env: Mapping[str, str] | None = None, args: Sequence[str] = ()
+    ) -> None:
         self.lines: list[dict[str, str]] = []
         super().__init__(
-            [sys.executable, probe.__file__],
+            [sys.executable, probe.__file__, *args],
             {**os.environ, **(env or {}), "CUDA_MPS_PIPE_DIRECTORY": str(pipe)},
         )
 
