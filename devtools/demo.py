@@ -359,7 +359,9 @@ def unschedulable(api: k8s.ApiClient, pod: str) -> bool:
 def occupancy(kubeconfig: Path) -> str:
     """``dra-driver occupancy`` as a user runs it (the API server only)."""
     result = subprocess.run(
-        [sys.executable, "-m", "dra_driver", "occupancy", f"--kubeconfig={kubeconfig}"],
+        # --no-usage: the local cluster's plugins serve no metrics (nodes share one network)
+        [sys.executable, "-m", "dra_driver", "occupancy", "--no-usage",
+         f"--kubeconfig={kubeconfig}"],
         cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
     if result.returncode != 0:

@@ -12,6 +12,7 @@ from dra_driver.app.kubeletwatch import REGISTRATION_TIMEOUT_S
 from dra_driver.infra import logs
 from dra_driver.infra.budget import DEFAULT_CALL_BUDGET_S, KUBELET_CALL_TIMEOUT_S
 from dra_driver.kubelet.server import DEFAULT_PLUGIN_DIR, DEFAULT_REGISTRY_DIR
+from dra_driver.observe.occupancyusage import PLUGIN_SELECTOR
 from dra_driver.observe.usagesampler import USAGE_INTERVAL_S
 from dra_driver.prepare.orphans import FIRST_SWEEP_AFTER_S, SWEEP_INTERVAL_S
 
@@ -26,11 +27,7 @@ Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def positive_seconds(text: str) -> float:
-    """argparse type: a number of seconds greater than 0.
-
-    Raises:
-        argparse.ArgumentTypeError: ``text`` is no number, or not above 0.
-    """
+    """argparse type: seconds above 0 (else :class:`argparse.ArgumentTypeError`)."""
     try:
         value = float(text)
     except ValueError:
@@ -370,8 +367,9 @@ def _occupancy_parser(sub: Subparsers) -> None:
         "ResourceClaimTemplates, Pods, ResourceQuotas, DeviceClasses, Nodes): per node and "
         "GPU its compute mode, enforcement tier, memory promised to claims and free (GiB "
         "rounded down), its device taints, the claims and pods holding it; then each "
-        "Pending pod waiting for one of the driver's classes with the likely reason. Exit 2 "
-        "when the API server cannot be read.",
+        "Pending pod waiting for one of the driver's classes with the likely reason. What "
+        "each claim uses (USED, SM%, NOTE) comes from each node's plugin metrics through the "
+        "API server's pod proxy (get pods/proxy). Exit 2 when the API server cannot be read.",
     )
     _add_common(p)
     p.add_argument(
@@ -380,6 +378,18 @@ def _occupancy_parser(sub: Subparsers) -> None:
         help="default: $KUBECONFIG, else ~/.kube/config, else in-cluster",
     )
     p.add_argument("--node", default=None, help="show only this node's GPUs")
+    p.add_argument(
+        "--usage",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="read each plugin's metrics for USED, SM%% and NOTE (--no-usage: show -; "
+        "default %(default)s)",
+    )
+    p.add_argument(
+        "--plugin-selector",
+        default=PLUGIN_SELECTOR,
+        help="label selector of the kubelet plugin pods (default %(default)s)",
+    )
     p.add_argument(
         "-o",
         "--output",

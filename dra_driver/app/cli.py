@@ -76,7 +76,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "status":
         return status_command(Path(args.state_dir))
     if args.command == "occupancy":
-        return occupancy_command(args.kubeconfig, args.driver, args.node, args.output)
+        return occupancy_command(
+            args.kubeconfig,
+            args.driver,
+            args.node,
+            args.output,
+            args.plugin_selector if args.usage else None,
+        )
     if args.command == "mps-service":
         return _mps_service(args)
     from kubernetes.config import ConfigException

@@ -9,6 +9,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from dra_driver.config.load import load_node_config
@@ -85,14 +86,28 @@ def status_command(state_dir: Path) -> int:
     return print_to_pipe(json.dumps(out, indent=2))
 
 
-def occupancy_command(kubeconfig: str | None, driver: str, node: str | None, output: str) -> int:
-    """``dra-driver occupancy``: print the report; exit 2 when the API cannot be read."""
+def occupancy_command(
+    kubeconfig: str | None,
+    driver: str,
+    node: str | None,
+    output: str,
+    plugin_selector: str | None = None,
+) -> int:
+    """``dra-driver occupancy``: print the report; exit 2 when the API cannot be read. With
+    ``plugin_selector``, the claims' usage is read from those plugin pods' metrics (a plugin
+    that cannot be read is named in the report, it fails nothing)."""
     from kubernetes.client.exceptions import ApiException
     from kubernetes.config import ConfigException
     from urllib3.exceptions import HTTPError
 
-    from dra_driver.observe.occupancy import render_json, render_table
-    from dra_driver.observe.occupancyread import api_client, config_source, read_cluster
+    from dra_driver.observe.occupancyread import (
+        api_client,
+        config_source,
+        read_cluster,
+        read_usage,
+    )
+    from dra_driver.observe.occupancyrender import render_json, render_table
+    from dra_driver.observe.occupancyusage import ClaimUse
     from dra_driver.observe.occupancywait import build_report
 
     source = config_source(kubeconfig, os.environ, Path.home())
@@ -100,7 +115,16 @@ def occupancy_command(kubeconfig: str | None, driver: str, node: str | None, out
     try:
         with api_client(source) as api:
             server = f"the API server {api.configuration.host} (from {source.label})"
-            cluster = read_cluster(api, driver)
+            report = build_report(read_cluster(api, driver), driver, node)
+            usage: dict[tuple[str, str], ClaimUse] | None = None
+            problems: dict[str, str] = {}
+            held = sorted({g.node for g in report.gpus if g.holders})
+            if plugin_selector is not None and held:
+                try:
+                    usage, problems = read_usage(api, held, plugin_selector)
+                except ApiException as exc:
+                    why = f"cannot list the plugin pods: {exc.status} {exc.reason}"
+                    usage, problems = {}, {n: why for n in held}
     except ApiException as exc:
         print(
             f"error: {server} refused a list call: {exc.status} {exc.reason}; "
@@ -120,7 +144,7 @@ def occupancy_command(kubeconfig: str | None, driver: str, node: str | None, out
             file=sys.stderr,
         )
         return 2
-    report = build_report(cluster, driver, node)
+    report = replace(report, usage=usage, usage_problems=problems)
     text = render_json(report) if output == "json" else render_table(report)
     return print_to_pipe(text)
 

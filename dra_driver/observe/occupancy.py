@@ -1,8 +1,8 @@
 """Occupancy of the cluster's GPUs (pure), decided from API JSON alone (``dra-driver occupancy``).
 
-Pure: the reader (:mod:`dra_driver.observe.occupancyread`) lists the objects; this module turns them
-into a :class:`Report` and renders it. Inputs are resource.k8s.io/v1 and v1 API JSON as
-``kubectl get -o json`` shows it (camelCase).
+Pure: the reader (:mod:`dra_driver.observe.occupancyread`) lists the objects; this module turns
+them into a :class:`Report` (:mod:`dra_driver.observe.occupancyrender` renders it). Inputs are
+resource.k8s.io/v1 and v1 API JSON as ``kubectl get -o json`` shows it (camelCase).
 
 Per node and GPU (the ``index`` attribute of the driver's devices in its ResourceSlices):
 
@@ -24,7 +24,6 @@ Pending pods and their reasons: :mod:`dra_driver.observe.occupancywait`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -33,6 +32,7 @@ from typing import Any
 from dra_driver.model.devices import portion_bytes
 from dra_driver.model.quantities import QuantityError, canonical_quantity, quantity_value
 from dra_driver.model.vocabulary import ANY_PRODUCT, FractionModel
+from dra_driver.observe.occupancyusage import ClaimUse
 
 IDLE = "idle"
 """Mode shown for a GPU without allocated shares."""
@@ -95,6 +95,8 @@ class Holder:
     memory_bytes: int
     device: str
     share_id: str
+    uid: str = ""
+    """The claim's UID."""
 
 
 @dataclass
@@ -144,6 +146,11 @@ class Report:
     pending: list[Pending]
     node: str | None = None
     """The node the report is limited to (``--node``), or None for the whole cluster."""
+    usage: Mapping[tuple[str, str], ClaimUse] | None = None
+    """What each claim uses by (claim UID, GPU UUID), from the plugins' metrics
+    (:mod:`dra_driver.observe.occupancyusage`); None when not read (``--no-usage``)."""
+    usage_problems: Mapping[str, str] = field(default_factory=dict)
+    """Node -> why its plugin's usage could not be read."""
 
 
 def attribute(device: Json, name: str) -> Any:
@@ -292,6 +299,7 @@ def gpu_uses(cluster: Cluster, driver: str) -> list[GpuUse]:
                 Holder(
                     namespace=meta.get("namespace", ""),
                     name=meta["name"],
+                    uid=meta.get("uid", ""),
                     pods=_pods(claim),
                     fraction=_fraction(result, device, product, nbytes),
                     memory_bytes=nbytes,
@@ -313,80 +321,3 @@ def table(rows: Sequence[Sequence[str]]) -> list[str]:
     """Rows as lines with left-aligned columns, two spaces apart."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-
-
-def render_table(report: Report) -> str:
-    """The report as three aligned tables: GPUs, the claims holding them, pending pods."""
-    gpus = [["NODE", "GPU", "NAME", "MODE", "TIER", "MEMORY", "PROMISED", "FREE", "TAINTS"]]
-    gpus += [
-        [g.node, str(g.index), g.product_name, g.mode, g.tier]
-        + [gib(g.memory_bytes), gib(g.promised_bytes), gib(g.free_bytes)]
-        + [",".join(sorted(g.taints)) or "-"]
-        for g in report.gpus
-    ]
-    holders = [["NODE", "GPU", "CLAIM", "PODS", "FRACTION", "MEMORY"]]
-    holders += [
-        [g.node, str(g.index), f"{h.namespace}/{h.name}", ",".join(h.pods) or "-", h.fraction]
-        + [gib(h.memory_bytes)]
-        for g in report.gpus
-        for h in g.holders
-    ]
-    pending = [["PENDING POD", "CLASSES", "REASON"]]
-    pending += [
-        [f"{p.namespace}/{p.name}", ",".join(p.classes), f"{p.reason}: {p.detail}"]
-        for p in report.pending
-    ]
-    where = f"on node {report.node}" if report.node else "in any ResourceSlice"
-    out = table(gpus) if report.gpus else [f"no GPUs of this driver {where}"]
-    if len(holders) > 1:
-        out += ["", *table(holders)]
-    out += ["", *table(pending)] if len(pending) > 1 else ["", "no pending pods wait for a GPU"]
-    return "\n".join(out)
-
-
-def report_json(report: Report) -> dict[str, Any]:
-    """The report as JSON-ready data (stable keys; memory in bytes)."""
-    return {
-        "gpus": [
-            {
-                "node": g.node,
-                "index": g.index,
-                "uuid": g.uuid,
-                "productName": g.product_name,
-                "mode": g.mode,
-                "tier": g.tier,
-                "memoryBytes": g.memory_bytes,
-                "promisedBytes": g.promised_bytes,
-                "freeBytes": g.free_bytes,
-                "taints": sorted(g.taints),
-                "claims": [
-                    {
-                        "namespace": h.namespace,
-                        "name": h.name,
-                        "pods": list(h.pods),
-                        "fraction": h.fraction,
-                        "memoryBytes": h.memory_bytes,
-                        "device": h.device,
-                        "shareID": h.share_id,
-                    }
-                    for h in g.holders
-                ],
-            }
-            for g in report.gpus
-        ],
-        "pending": [
-            {
-                "namespace": p.namespace,
-                "name": p.name,
-                "classes": list(p.classes),
-                "reason": p.reason,
-                "detail": p.detail,
-            }
-            for p in report.pending
-        ],
-    }
-
-
-def render_json(report: Report) -> str:
-    """:func:`report_json` as indented JSON with sorted keys."""
-    return json.dumps(report_json(report), indent=2, sort_keys=True)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -17,12 +18,17 @@ from kubernetes import config as k8s_config
 from kubernetes.config import ConfigException
 
 from dra_driver.observe.occupancy import Cluster, Json
+from dra_driver.observe.occupancyusage import PLUGIN_SELECTOR, ClaimUse, metrics_port, parse_metrics
 
 PAGE = 500
 """Objects per list call (the API server pages with ``continue`` tokens)."""
 
 TIMEOUT_S = (5.0, 30.0)
 """Connect and read timeout of each list call, seconds."""
+PROXY_TIMEOUT_S = (3.0, 10.0)
+"""Connect and read timeout of one plugin's metrics through the pod proxy, seconds."""
+READERS = 16
+"""Plugins read at once."""
 
 
 class ConfigSource(NamedTuple):
@@ -121,3 +127,58 @@ def read_cluster(api: k8s.ApiClient, driver: str) -> Cluster:
         classes=list_all(res.list_device_class),
         nodes=list_all(core.list_node),
     )
+
+
+def read_usage(
+    api: k8s.ApiClient, nodes: Iterable[str] | None, selector: str = PLUGIN_SELECTOR
+) -> tuple[dict[tuple[str, str], ClaimUse], dict[str, str]]:
+    """Read the plugins of ``nodes`` (None: every node) through the pod proxy.
+
+    Returns:
+        the usage of every claim the plugins reported, and node -> why its plugin could not
+        be read (no Running plugin pod, metrics off, the proxy refused or timed out).
+
+    Raises:
+        kubernetes.client.exceptions.ApiException: the plugin pods cannot be listed.
+    """
+    core = k8s.CoreV1Api(api)
+    wanted = None if nodes is None else set(nodes)
+    by_node: dict[str, Json] = {}
+    for pod in list_all(core.list_pod_for_all_namespaces, label_selector=selector):
+        node = (pod.get("spec") or {}).get("nodeName")
+        running = (pod.get("status") or {}).get("phase") == "Running"
+        if node and running and (wanted is None or node in wanted):
+            by_node[node] = pod
+    problems = {n: "no Running kubelet plugin pod" for n in (wanted or set()) - by_node.keys()}
+    usage: dict[tuple[str, str], ClaimUse] = {}
+    with ThreadPoolExecutor(max_workers=READERS) as pool:
+        results = pool.map(lambda pod: _read_one(core, pod), by_node.values())
+        for node, (got, problem) in zip(by_node, results, strict=True):
+            usage.update(got)
+            if problem:
+                problems[node] = problem
+    return usage, problems
+
+
+def _read_one(
+    core: k8s.CoreV1Api, pod: Json
+) -> tuple[Mapping[tuple[str, str], ClaimUse], str | None]:
+    meta = pod["metadata"]
+    port = metrics_port(pod)
+    if port is None:
+        return {}, f"plugin pod {meta['namespace']}/{meta['name']} serves no metrics port"
+    try:
+        resp = core.connect_get_namespaced_pod_proxy_with_path(
+            f"{meta['name']}:{port}",
+            meta["namespace"],
+            "metrics",
+            _preload_content=False,
+            _request_timeout=PROXY_TIMEOUT_S,
+        )
+        text: bytes = resp.data  # type: ignore[attr-defined]  # _preload_content=False
+        return parse_metrics(text.decode()), None
+    except k8s.exceptions.ApiException as exc:
+        why = f"{exc.status} {exc.reason}"
+    except Exception as exc:  # timeouts, resets, not the Prometheus text format
+        why = " ".join(str(exc).split())[:200]
+    return {}, f"metrics of {meta['namespace']}/{meta['name']} through the pod proxy: {why}"

@@ -177,12 +177,18 @@ def test_occupancy_of_scheduled_and_pending_pods(api: k8s.ApiClient) -> None:
     assert f"{NS}/pod-full  gpu-full  not-enough-memory:" in text
 
     doc = json.loads(occupancy("-o", "json", "--node", NODE))
+    # No kubelet here, so no plugin pod whose metrics would tell what the claims use.
+    assert doc["usageUnknown"] == {NODE: "no Running kubelet plugin pod"}
     g0, g1 = doc["gpus"]
     assert g0["promisedBytes"] + g0["freeBytes"] == g0["memoryBytes"]
     assert g0["promisedBytes"] == sum(c["memoryBytes"] for c in g0["claims"])
     assert len(g0["claims"]) == 2 and len(g1["claims"]) == 1
     assert [p["name"] for p in doc["pending"]] == ["pod-full"]
-    assert json.loads(occupancy("-o", "json", "--node", "elsewhere")) == {"gpus": [], "pending": []}
+    assert json.loads(occupancy("-o", "json", "--node", "elsewhere")) == {
+        "gpus": [],
+        "pending": [],
+        "usageUnknown": {},
+    }
 
 
 def test_a_plugin_for_a_node_that_does_not_exist_publishes_nothing(api: k8s.ApiClient) -> None:

@@ -12,7 +12,8 @@ from dra_driver import DEFAULT_DRIVER_NAME as DRIVER
 from dra_driver.config.load import parse_node_config
 from dra_driver.config.node import default_node_config
 from dra_driver.gpus import MIB, SimulatedGpuSource
-from dra_driver.observe.occupancy import Cluster, render_json, render_table
+from dra_driver.observe.occupancy import Cluster
+from dra_driver.observe.occupancyrender import render_json, render_table
 from dra_driver.observe.occupancywait import (
     NO_DEVICE,
     NO_MEMORY,
@@ -398,7 +399,7 @@ def test_table_and_json_output() -> None:
     assert "default/q1" in text and "p1" in text
     assert f"default/big  gpu-full  {NO_MEMORY}:" in text
     doc = json.loads(render_json(report))
-    assert list(doc) == ["gpus", "pending"]
+    assert list(doc) == ["gpus", "pending", "usageUnknown"]
     assert doc["gpus"][0]["promisedBytes"] == 2 * QUARTER
     assert doc["gpus"][0]["claims"][0]["fraction"] == "quarter"
     assert doc["pending"][0]["reason"] == NO_MEMORY
