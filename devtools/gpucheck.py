@@ -11,7 +11,10 @@ PTX spin kernel), and prints a table:
 "no" = time-sliced; "refused" = the second client could not create a context. On ``hard``
 GPUs the per-container cgroup limit is applied to a scratch cgroup per claim (through the
 toolkit hook when it is installed, else through NVML, as the hook would). It also reports
-whether a namespace's pipe directory survives a daemon restart, and, if time-slicing clients
+whether a namespace's pipe directory survives a daemon restart, how the usage source maps
+NVML's per-process memory and SM utilization to the claims (each probe holds a known amount and
+spins: the claim's used memory, clients, SM%, and whether NVML sampled the probes' PIDs rather
+than the MPS server's; not yet run on hardware), and, if time-slicing clients
 are refused under EXCLUSIVE_PROCESS, repeats time-slicing with the DEFAULT compute mode.
 
 Runs in well under 8 minutes (``--budget``). Without an NVIDIA GPU it prints
@@ -84,6 +87,7 @@ class Cuda:
     def __init__(self) -> None:
         self.lib = ctypes.CDLL("libcuda.so.1")
         self.ctx = ctypes.c_void_p()
+        self.held: list[ctypes.c_uint64] = []
 
     def check(self, rc: int, what: str) -> None:
         if rc != 0:
@@ -118,6 +122,12 @@ class Cuda:
             self.lib.cuMemFree_v2(p)
         return len(ptrs) * chunk, error
 
+    def hold(self, nbytes: int) -> None:
+        """Allocate ``nbytes`` and keep them until the process ends (what usage must see)."""
+        p = ctypes.c_uint64()
+        self.check(self.lib.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(nbytes)), "cuMemAlloc")
+        self.held.append(p)
+
     def spin(self, iters: int) -> float:
         mod, fn, out = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_uint64()
         self.check(
@@ -144,7 +154,8 @@ class Cuda:
 
 
 def probe() -> int:
-    """Answer one JSON line per command read from stdin: go | alloc <MiB> | spin <n> | exit."""
+    """Answer one JSON line per command read from stdin: go | alloc <MiB> | hold <MiB> |
+    spin <n> | exit."""
 
     def reply(**kw: Any) -> None:
         print(json.dumps(kw), flush=True)
@@ -160,6 +171,9 @@ def probe() -> int:
             elif cmd == "alloc" and cuda:
                 allocated, error = cuda.alloc_until_failure(int(args[0]) * MIB)
                 reply(ok=True, allocated=allocated, error=error)
+            elif cmd == "hold" and cuda:
+                cuda.hold(int(args[0]) * MIB)
+                reply(ok=True)
             elif cmd == "spin" and cuda:
                 reply(ok=True, seconds=cuda.spin(int(args[0])))
             elif cmd == "exit":
@@ -325,7 +339,7 @@ def find_gpu(index: int) -> tuple[Any, Any] | str:
 @contextlib.contextmanager
 def claims_on(
     enforcer: Any, gpu: Any, mode: str, ceilings: list[int]
-) -> Iterator[list[tuple[str, Any]]]:
+) -> Iterator[list[tuple[str, Any, Any]]]:
     from dra_driver.model.plans import ClaimPlan, ClaimRef, DevicePlan
     from dra_driver.model.vocabulary import ComputeMode
 
@@ -346,10 +360,10 @@ def claims_on(
             )
             plan = ClaimPlan(ClaimRef("gpu-check", f"claim-{i}", uid), (dev,))
             edits = enforcer.apply(plan)
-            applied.append((uid, edits[dev.key]))
+            applied.append((uid, edits[dev.key], plan))
         yield applied
     finally:
-        for uid, _ in applied:
+        for uid, _, _ in applied:
             try:
                 enforcer.release(uid)
             except Exception as exc:
@@ -390,7 +404,7 @@ def measure_mode(
             except OSError as exc:
                 rows[0].notes.append(f"no scratch cgroup, limits NOT applied: {exc}")
         with claims_on(enforcer, gpu, mode, ceilings) as applied:
-            for (_uid, edits), row in zip(applied, rows, strict=True):
+            for (_uid, edits, _plan), row in zip(applied, rows, strict=True):
                 pipe = edits.mounts[0].host_path if edits.mounts else ""
                 p = Probe(pipe, args.step_timeout)
                 probes.append(p)
@@ -413,6 +427,10 @@ def measure_mode(
                     got = p.ask(f"alloc {args.chunk_mib}")
                     row.allocatable_mib = got.get("allocated", 0) // MIB
                     row.notes.append(f"stopped by {got.get('error') or '?'}")
+            if ok:
+                extra["usage mapping (NVML -> claims)"] = usage_check(
+                    enforcer, nvml, gpu, [plan for _, _, plan in applied], probes
+                )
             for p in probes:
                 p.close()
             probes.clear()
@@ -444,6 +462,45 @@ def concurrency(probes: list[Probe], args: argparse.Namespace) -> str:
         return "? (spin failed)"
     ratio = max(b["seconds"] for b in both) / alone["seconds"]
     return f"{'yes' if ratio < 1.5 else 'no'} (x{ratio:.2f})"
+
+
+def usage_check(enforcer: Any, nvml: Any, gpu: Any, plans: list[Any], probes: list[Probe]) -> str:
+    """Issue 27: the usage source maps NVML's per-process data to the claims. Each probe holds
+    a different amount (256 MiB x its position + 256) and spins; the check reports, per claim,
+    the memory the source saw against what its probe holds (a context adds some), its clients,
+    and whether NVML's process utilization named the probes' PIDs (not the MPS server's)."""
+    from dra_driver.observe.usage import MpsUsageSource
+
+    held = [256 * (i + 1) for i in range(len(probes))]
+    for p, mib in zip(probes, held, strict=True):
+        answer = p.ask(f"hold {mib}")
+        if not answer.get("ok"):
+            return f"? (hold failed: {answer.get('error')})"
+    for p in probes:
+        p.send(f"spin {1 << 27}")
+    time.sleep(1.0)
+    source = MpsUsageSource(enforcer, nvml)
+    try:
+        usage = source.snapshot(plans)
+        sampled = nvml.process_sm_utilization(gpu.uuid)
+    except Exception as exc:
+        return f"FAILED: {exc}"
+    finally:
+        for p in probes:
+            p.read()
+    parts = []
+    for plan, p, mib in zip(plans, probes, held, strict=True):
+        seen = usage.get((plan.claim.uid, gpu.uuid))
+        used = "?" if seen is None or seen.used_bytes is None else f"{seen.used_bytes // MIB}"
+        sm = "?" if seen is None or seen.sm_percent is None else f"{seen.sm_percent:.0f}%"
+        clients = "?" if seen is None else seen.clients
+        named = "yes" if p.proc.pid in sampled else "no"
+        parts.append(
+            f"{plan.claim.name}: used {used} MiB (holds {mib}), clients {clients}, SM {sm}, "
+            f"NVML sampled its PID {named}"
+        )
+    others = sorted(set(sampled) - {p.proc.pid for p in probes})
+    return "; ".join(parts) + f"; other PIDs sampled: {others or 'none'}"
 
 
 def restart_check(enforcer: Any, mode: str, pipe: str) -> str:
