@@ -23,10 +23,11 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -542,17 +543,27 @@ class E2E:
             }
         return self.create_pod(name, spec)
 
-    def create_pod(self, name: str, spec: Mapping[str, Any], probe: bool = False) -> dict[str, Any]:
+    def create_pod(
+        self,
+        name: str,
+        spec: Mapping[str, Any],
+        probe: bool = False,
+        probe_args: Sequence[str] = (),
+    ) -> dict[str, Any]:
         """Create a pod from ``spec``; every container runs :data:`VIEW_SCRIPT` in the local
         busybox image (never pulled), or with ``probe`` :data:`PROBE_SCRIPT` in the tenant
-        image; the pod stops within a second."""
+        image (``tenant-probe`` given ``probe_args``, e.g. ``--use-memory 2Gi``); the pod
+        stops within a second."""
         spec = dict(spec)
+        script = PROBE_SCRIPT.replace(
+            "exec tenant-probe", shlex.join(["exec", "tenant-probe", *probe_args])
+        )
         spec["containers"] = [
             {
                 **c,
                 "image": TENANT_IMAGE if probe else WORKLOAD_IMAGE,
                 "imagePullPolicy": "Never",
-                "command": ["sh", "-c", PROBE_SCRIPT if probe else VIEW_SCRIPT],
+                "command": ["sh", "-c", script if probe else VIEW_SCRIPT],
                 "args": None,
             }
             for c in spec["containers"]
