@@ -11,16 +11,14 @@ what to set, ``<stateDir>/kubelet-registration.json`` for ``dra-driver status`` 
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import structlog
 from prometheus_client import Gauge
 
-from dra_driver.infra.atomicfile import write_atomic
+from dra_driver.infra.atomicfile import record_state
 
 log = structlog.get_logger(__name__)
 
@@ -51,16 +49,11 @@ def write_registration_state(
     state_dir: str, socket: Path, registered: bool, problem: str | None = None
 ) -> None:
     """Record :data:`REGISTRATION_STATE_FILE` (owner-only); a failed write is logged only."""
-    doc = {
-        "registered": registered,
-        "socket": str(socket),
-        "problem": problem,
-        "since": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    }
-    try:
-        write_atomic(Path(state_dir) / REGISTRATION_STATE_FILE, json.dumps(doc).encode(), 0o600)
-    except OSError as exc:
-        log.warning("kubelet registration state not recorded", error=str(exc))
+    record_state(
+        Path(state_dir) / REGISTRATION_STATE_FILE,
+        {"registered": registered, "socket": str(socket), "problem": problem},
+        "kubelet registration state",
+    )
 
 
 def watch_registration(

@@ -3,10 +3,8 @@ taints, the MPS health check that feeds them, and the check of the claims' MPS c
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 
 import structlog
@@ -15,7 +13,7 @@ from dra_driver.config.node import NodeConfig
 from dra_driver.enforce import FractionEnforcer
 from dra_driver.gpus import GpuSource
 from dra_driver.infra import budget
-from dra_driver.infra.atomicfile import write_atomic
+from dra_driver.infra.atomicfile import record_state
 from dra_driver.infra.budget import CLIENT_CHECK_BUDGET_S, HEALTH_CHECK_BUDGET_S, Budget
 from dra_driver.infra.metrics import Metrics
 from dra_driver.model.devices import DeviceStatus, PublishedDevice
@@ -143,15 +141,11 @@ status``."""
 def write_driver_state(state_dir: str, problem: str | None) -> None:
     """Record the driver's state in :data:`DRIVER_STATE_FILE` (owner-only); a write that
     fails is logged, never raised (discovery goes on)."""
-    doc = {
-        "available": problem is None,
-        "problem": problem,
-        "since": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    }
-    try:
-        write_atomic(Path(state_dir) / DRIVER_STATE_FILE, json.dumps(doc).encode(), 0o600)
-    except OSError as exc:
-        log.warning("GPU driver state not recorded", error=str(exc))
+    record_state(
+        Path(state_dir) / DRIVER_STATE_FILE,
+        {"available": problem is None, "problem": problem},
+        "GPU driver state",
+    )
 
 
 DRIVER_CHECK_INTERVAL_S = 10.0

@@ -3,8 +3,12 @@ and directory creation with modes that do not depend on the process umask."""
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -105,3 +109,14 @@ def remove_temp_files(*dirs: Path) -> None:
             for tmp in d.glob(".*.tmp"):
                 tmp.unlink(missing_ok=True)
                 log.info("removed temp file left by a killed write", path=str(tmp))
+
+
+def record_state(path: Path, fields: Mapping[str, Any], what: str) -> None:
+    """Write ``fields`` plus ``since`` (now, RFC 3339 UTC) as JSON to ``path``, atomically and
+    owner-only (a state file that ``dra-driver status`` shows); a write that fails is logged
+    as "<what> not recorded", never raised (the caller goes on)."""
+    doc = {**fields, "since": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    try:
+        write_atomic(path, json.dumps(doc).encode(), 0o600)
+    except OSError as exc:
+        log.warning(f"{what} not recorded", error=str(exc))
