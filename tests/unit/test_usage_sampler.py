@@ -5,6 +5,7 @@ sample."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -240,3 +241,35 @@ def test_usage_interval_must_be_positive(value: str, capsys: pytest.CaptureFixtu
     with pytest.raises(SystemExit):
         build_parser().parse_args(["kubelet-plugin", "--node-name=n", f"--usage-interval={value}"])
     assert "usage-interval" in capsys.readouterr().err
+
+
+def test_a_slow_nvml_delays_no_prepare(tmp_path: Path) -> None:
+    """NVML that takes 2 s to answer a usage read (a hung driver call) while the sampler reads:
+    a claim applied meanwhile is not held up, since the sampler asks NVML outside the
+    enforcer's lock."""
+    node = Node(tmp_path, tiers={0: "cooperative", 1: "cooperative"})
+    g0 = node.gpus[0]
+    first = plan(device(g0, 4 * GIB), uid=UID, name="first")
+    node.enforcer.apply(first)
+    ns = "c_" + UID.replace("-", "_")
+    node.mps.add_client(node.pipe("time-slicing"), "gpu_0", ns)
+    entered, release = threading.Event(), threading.Event()
+    slow = node.nvml.process_sm_utilization
+
+    def hung(uuid: str) -> dict[int, float]:
+        entered.set()
+        release.wait(2)
+        return slow(uuid)
+
+    node.nvml.process_sm_utilization = hung  # type: ignore[method-assign]
+    sampler = UsageSampler(lambda: [first], MpsUsageSource(node.enforcer, node.nvml))
+    reader = threading.Thread(target=sampler.sample_once)
+    reader.start()
+    assert entered.wait(5)
+    start = time.monotonic()
+    node.enforcer.apply(plan(device(g0, 4 * GIB), name="second"))
+    took = time.monotonic() - start
+    release.set()
+    reader.join(5)
+    assert took < 1.0, f"Prepare waited {took:.1f} s for NVML"
+    assert sampler.fresh()
