@@ -25,6 +25,8 @@ import os
 import re
 import shlex
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -272,6 +274,59 @@ def driver_values(control_plane: Any) -> dict[str, Any]:
         "extendedResources": {"enabled": True},
         "classLimits": CLASS_LIMITS,
     }
+
+
+@contextlib.contextmanager
+def node_with_release(
+    control_plane: Any, e2e: E2E, node: str, release: str, namespace: str, env: Mapping[str, str]
+) -> Iterator[GpuNode]:
+    """A node of the test's own (``hack/local-node up node`` with ``env`` added, e.g. its
+    labels); afterwards the test's pods are deleted, then the second chart ``release`` (if the
+    test installed one, :func:`install_second_release`), then the node."""
+    env = {**os.environ, "LOCAL_CLUSTER_DIR": str(control_plane.state_dir), **env}
+    up = subprocess.run(
+        [sys.executable, str(LOCAL_NODE), "up", node], env=env, capture_output=True, text=True
+    )
+    assert up.returncode == 0, up.stderr[-3000:]
+    try:
+        yield GpuNode(node, control_plane.state_dir / "nodes" / node)
+    finally:
+        for pod in e2e.pods():
+            with contextlib.suppress(Exception):
+                e2e.delete_pod(pod["metadata"]["name"])
+        with contextlib.suppress(Exception):
+            wait_for("the test's pods gone", lambda: not e2e.pods(), timeout=60)
+        with contextlib.suppress(BaseException):
+            helm(control_plane, "uninstall", release, "-n", namespace, "--wait")
+        subprocess.run([sys.executable, str(LOCAL_NODE), "down", node], env=env, check=False)
+
+
+def install_second_release(
+    control_plane: Any, release: str, namespace: str, label: str, path: Path, **values: Any
+) -> None:
+    """Install a second release of the chart on the nodes labelled ``label`` only: one
+    simulated GPU in time-slicing, no classes or cluster-wide policies (the session's release
+    owns them), plus ``values``; its values file is written to ``path``."""
+    body = {
+        **driver_values(control_plane),
+        "gpus": "simulated:H200x1",
+        "nodeConfig": {"gpus": [{"selector": {"index": 0}, "computeMode": "time-slicing"}]},
+        "nodeSelector": {label: "true", "nvidia.com/gpu.present": None},
+        "deviceClasses": {"enabled": False},
+        "policies": {
+            "nodeScopedSlices": False,
+            "claimParameters": False,
+            "productSizes": False,
+            "deviceTaintRuleSelector": False,
+        },
+        "tenants": {"requireGrant": False},
+        **values,
+    }
+    path.write_text(yaml.safe_dump(body))
+    try:
+        localinstall.install(control_plane.kubeconfig, release, namespace, path)
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
 
 
 def helm(control_plane: Any, *args: str) -> str:

@@ -14,9 +14,7 @@ Prints one line (``KUBELET-ROOT | ...``), shown even when the test passes.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import subprocess
 import sys
 import time
@@ -25,24 +23,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 pytest.register_assert_rewrite("plugin_fixtures")
 from plugin_fixtures import (  # noqa: E402
     DRIVER,
     E2E,
-    LOCAL_NODE,
     ContainerView,
     GpuNode,
-    driver_values,
     helm,
+    install_second_release,
+    node_with_release,
     raw,
     running,
     slice_devices,
     wait_for,
 )
-
-from devtools import localinstall  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 pytest_plugins = ["plugin_fixtures"]
@@ -59,53 +54,22 @@ EIGHTH_MIB = 143_131 // 8  # simulated H200: 143131 MiB
 def root2_node(control_plane: Any, e2e: E2E) -> Iterator[GpuNode]:
     """The node with kubelet ``--root-dir`` :data:`ROOT_DIR`; removed after the test (its
     pods first, then the second release, then the node)."""
-    env = {
-        **os.environ,
-        "LOCAL_CLUSTER_DIR": str(control_plane.state_dir),
-        "LOCAL_NODE_KUBELET_ROOT_DIR": ROOT_DIR,
-        "LOCAL_NODE_LABELS": f"{LABEL}=true",
-    }
-    up = subprocess.run(
-        [sys.executable, str(LOCAL_NODE), "up", NODE], env=env, capture_output=True, text=True
-    )
-    assert up.returncode == 0, up.stderr[-3000:]
-    try:
-        yield GpuNode(NODE, control_plane.state_dir / "nodes" / NODE)
-    finally:
-        for pod in e2e.pods():
-            with contextlib.suppress(Exception):
-                e2e.delete_pod(pod["metadata"]["name"])
-        with contextlib.suppress(Exception):
-            wait_for("the test's pods gone", lambda: not e2e.pods(), timeout=60)
-        with contextlib.suppress(BaseException):
-            helm(control_plane, "uninstall", RELEASE, "-n", NAMESPACE, "--wait")
-        subprocess.run([sys.executable, str(LOCAL_NODE), "down", NODE], env=env, check=False)
+    env = {"LOCAL_NODE_KUBELET_ROOT_DIR": ROOT_DIR, "LOCAL_NODE_LABELS": f"{LABEL}=true"}
+    with node_with_release(control_plane, e2e, NODE, RELEASE, NAMESPACE, env) as node:
+        yield node
 
 
 def _install(control_plane: Any, values_dir: Path, kubelet_dir: str) -> None:
-    values = {
-        **driver_values(control_plane),
-        "gpus": "simulated:H200x1",
-        "nodeConfig": {"gpus": [{"selector": {"index": 0}, "computeMode": "time-slicing"}]},
-        "nodeSelector": {LABEL: "true", "nvidia.com/gpu.present": None},
-        # The session's release owns the classes and the cluster-wide policies.
-        "deviceClasses": {"enabled": False},
-        "policies": {
-            "nodeScopedSlices": False,
-            "claimParameters": False,
-            "productSizes": False,
-            "deviceTaintRuleSelector": False,
-        },
-        "tenants": {"requireGrant": False},
-        "kubeletDir": kubelet_dir,
-        "kubeletRegistrationTimeoutSeconds": 5,
-    }
     path = values_dir / f"root2-{kubelet_dir.rsplit('/', 1)[-1]}.yaml"
-    path.write_text(yaml.safe_dump(values))
-    try:
-        localinstall.install(control_plane.kubeconfig, RELEASE, NAMESPACE, path)
-    except RuntimeError as exc:
-        pytest.fail(str(exc))
+    install_second_release(
+        control_plane,
+        RELEASE,
+        NAMESPACE,
+        LABEL,
+        path,
+        kubeletDir=kubelet_dir,
+        kubeletRegistrationTimeoutSeconds=5,
+    )
 
 
 def _plugin_pods(e2e: E2E) -> list[dict[str, Any]]:

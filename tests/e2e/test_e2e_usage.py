@@ -12,9 +12,7 @@ lines, shown even when the test passes.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,21 +20,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 pytest.register_assert_rewrite("plugin_fixtures")
 from plugin_fixtures import (  # noqa: E402
     E2E,
-    LOCAL_NODE,
     GpuNode,
-    driver_values,
-    helm,
+    install_second_release,
+    node_with_release,
     raw,
     running,
     wait_for,
 )
 
-from devtools import localinstall  # noqa: E402
 from devtools.localnode import free_port  # noqa: E402
 from dra_driver.mpsemu.probe import parse_line  # noqa: E402
 from dra_driver.observe.occupancyusage import ClaimUse, parse_metrics  # noqa: E402
@@ -60,49 +55,19 @@ TENANTS = {
 def usage_node(control_plane: Any, e2e: E2E, tmp_path: Path) -> Iterator[tuple[GpuNode, int]]:
     """A node of this test with the second release serving metrics on a free port; removed
     after the test (its pods first, then the release, then the node)."""
-    env = {
-        **os.environ,
-        "LOCAL_CLUSTER_DIR": str(control_plane.state_dir),
-        "LOCAL_NODE_LABELS": f"{LABEL}=true",
-    }
-    up = subprocess.run(
-        [sys.executable, str(LOCAL_NODE), "up", NODE], env=env, capture_output=True, text=True
-    )
-    assert up.returncode == 0, up.stderr[-3000:]
-    port = free_port()
-    try:
-        values = {
-            **driver_values(control_plane),
-            "gpus": "simulated:H200x1",
-            "nodeConfig": {"gpus": [{"selector": {"index": 0}, "computeMode": "time-slicing"}]},
-            "nodeSelector": {LABEL: "true", "nvidia.com/gpu.present": None},
-            "deviceClasses": {"enabled": False},
-            "policies": {
-                "nodeScopedSlices": False,
-                "claimParameters": False,
-                "productSizes": False,
-                "deviceTaintRuleSelector": False,
-            },
-            "tenants": {"requireGrant": False},
-            "metricsPort": port,
-            "usageIntervalSeconds": 2,
-        }
-        path = tmp_path / "usage-values.yaml"
-        path.write_text(yaml.safe_dump(values))
-        try:
-            localinstall.install(control_plane.kubeconfig, RELEASE, NAMESPACE, path)
-        except RuntimeError as exc:
-            pytest.fail(str(exc))
-        yield GpuNode(NODE, control_plane.state_dir / "nodes" / NODE), port
-    finally:
-        for pod in e2e.pods():
-            with contextlib.suppress(Exception):
-                e2e.delete_pod(pod["metadata"]["name"])
-        with contextlib.suppress(Exception):
-            wait_for("the test's pods gone", lambda: not e2e.pods(), timeout=60)
-        with contextlib.suppress(BaseException):
-            helm(control_plane, "uninstall", RELEASE, "-n", NAMESPACE, "--wait")
-        subprocess.run([sys.executable, str(LOCAL_NODE), "down", NODE], env=env, check=False)
+    env = {"LOCAL_NODE_LABELS": f"{LABEL}=true"}
+    with node_with_release(control_plane, e2e, NODE, RELEASE, NAMESPACE, env) as node:
+        port = free_port()
+        install_second_release(
+            control_plane,
+            RELEASE,
+            NAMESPACE,
+            LABEL,
+            tmp_path / "usage-values.yaml",
+            metricsPort=port,
+            usageIntervalSeconds=2,
+        )
+        yield node, port
 
 
 def plugin_pod(e2e: E2E) -> dict[str, Any] | None:
