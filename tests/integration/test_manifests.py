@@ -114,6 +114,14 @@ VALUE_VARIANTS: dict[str, list[str]] = {
         "metricsNetworkPolicy.enabled=false",
     ],
     "demo": ["-f", str(ROOT / "deployments" / "helm" / "demo-values.yaml")],
+    "kai": [
+        "--set",
+        "kaiCompat.enabled=true",
+        "--set-json",
+        'tenants.namespaces={"team-a": {"gpu-half": 2}}',
+        "--set-json",
+        'classLimits={"gpu-half": {"maxMemoryLimitPortion": "0.8"}}',
+    ],
 }
 
 
