@@ -604,11 +604,12 @@ class E2E:
         spec: Mapping[str, Any],
         probe: bool = False,
         probe_args: Sequence[str] = (),
+        annotations: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
-        """Create a pod from ``spec``; every container runs :data:`VIEW_SCRIPT` in the local
-        busybox image (never pulled), or with ``probe`` :data:`PROBE_SCRIPT` in the tenant
-        image (``tenant-probe`` given ``probe_args``, e.g. ``--use-memory 2Gi``); the pod
-        stops within a second."""
+        """Create a pod from ``spec`` (with ``annotations``); every container runs
+        :data:`VIEW_SCRIPT` in the local busybox image (never pulled), or with ``probe``
+        :data:`PROBE_SCRIPT` in the tenant image (``tenant-probe`` given ``probe_args``, e.g.
+        ``--use-memory 2Gi``); the pod stops within a second."""
         spec = dict(spec)
         script = PROBE_SCRIPT.replace(
             "exec tenant-probe", shlex.join(["exec", "tenant-probe", *probe_args])
@@ -625,13 +626,16 @@ class E2E:
         ]
         spec.setdefault("terminationGracePeriodSeconds", 2)
         spec.setdefault("dnsPolicy", "Default")
-        return self.create_raw_pod(name, spec)
+        return self.create_raw_pod(name, spec, annotations)
 
-    def create_raw_pod(self, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+    def create_raw_pod(
+        self, name: str, spec: Mapping[str, Any], annotations: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
         """Create a pod from ``spec`` as given (its own images and commands), once the
         scheduler is done with this test's earlier pods (:meth:`wait_scheduler_settled`)."""
         self.wait_scheduler_settled()
-        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+        metadata = {"name": name, "annotations": dict(annotations or {})}
+        body = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
         self._pods.append(name)
         return raw(
             self.core.create_namespaced_pod(
