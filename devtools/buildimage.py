@@ -517,12 +517,18 @@ def package_sources() -> list[Path]:
 
 
 def launcher_text(src: Path) -> str:
-    """A launcher of the MPS emulator as the image carries it: its ``#!/usr/bin/env python3``
-    line names the image's own interpreter (the image has no ``env``)."""
+    """A launcher of the MPS emulator as the image carries it: its ``#!/usr/bin/env [-S]
+    python3 [-I -S]`` line names the image's own interpreter (the image has no ``env``), with
+    the interpreter's options joined into one argument (``-IS``: a ``#!`` line passes one)."""
     first, _, rest = src.read_text().partition("\n")
-    if not first.startswith("#!"):
-        raise BuildError(f"{src}: a launcher must start with #!")
-    return f"#!/usr/bin/{PYTHON}\n{rest}"
+    words = first.removeprefix("#!").split()
+    if not first.startswith("#!") or words[:1] != ["/usr/bin/env"]:
+        raise BuildError(f"{src}: a launcher must start with #!/usr/bin/env")
+    words = words[2:] if words[1:2] == ["-S"] else words[1:]
+    if words[:1] != ["python3"] or not all(w[:1] == "-" and w[1:].isalpha() for w in words[1:]):
+        raise BuildError(f"{src}: a launcher runs python3 with single-letter options only")
+    options = "".join(w[1:] for w in words[1:])
+    return f"#!/usr/bin/{PYTHON}{' -' + options if options else ''}\n{rest}"
 
 
 def rootfs_python(root: Path, args: list[str]) -> None:

@@ -20,7 +20,7 @@ def mps_control(binary: str | None, gpus: str) -> str:
     if binary:
         return binary
     if gpus.startswith("simulated:"):
-        from dra_driver.mpsemu import emulator_path
+        from dra_driver.mpsemu.paths import emulator_path
 
         return str(emulator_path())
     return "nvidia-cuda-mps-control"

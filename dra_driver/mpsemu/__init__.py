@@ -6,7 +6,7 @@ The control daemon's semantics are one state machine (:mod:`.state`, records in 
 shared by the in-process test fake (``tests/support/fakes/mps_control.py``, plain files) and
 the emulator program real processes talk to (:mod:`.processes`, real sockets and processes).
 
-Use: run :func:`emulator_path` where the driver runs ``nvidia-cuda-mps-control`` (e.g.
+Use: run :func:`.paths.emulator_path` where the driver runs ``nvidia-cuda-mps-control`` (e.g.
 ``MpsOptions(control_binary=str(emulator_path()))``, or ``MpsDaemon(..., binary=...)``), with
 the usual ``CUDA_MPS_PIPE_DIRECTORY``/``CUDA_MPS_LOG_DIRECTORY``/``CUDA_MPS_PROTOCOL_VERSION``:
 
@@ -22,9 +22,6 @@ the usual ``CUDA_MPS_PIPE_DIRECTORY``/``CUDA_MPS_LOG_DIRECTORY``/``CUDA_MPS_PROT
   ``CUDA_MPS_PIPE_DIRECTORY`` at a namespace directory it attaches and reports its limits.
 
 The launchers are files in ``bin/``, not console scripts, so that nothing named like NVIDIA's
-programs lands on ``PATH``.
+programs lands on ``PATH``. The package imports nothing itself: the control program runs once
+per MPS command and loads only what a client needs (:mod:`.cli`).
 """
-
-from dra_driver.mpsemu.paths import emulator_path
-
-__all__ = ["emulator_path"]

@@ -6,26 +6,35 @@
 - anything else is a client: the command goes to ``$CUDA_MPS_PIPE_DIRECTORY/control`` and the
   daemon's answer is printed (stdout, stderr) with its rc; with no daemon there, ``Cannot find
   MPS control daemon process`` and rc 1.
+
+A client is what the driver runs for every MPS command, so it imports only what it needs (the
+grammar and the wire): NVIDIA's program is compiled and starts in about a millisecond, and an
+emulator that spent a tenth of a second importing the daemon's machinery per command would
+make a benchmark of the driver measure the emulator. The daemon's modules load for ``-d`` and
+``-f`` only.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import select
-import subprocess
 import sys
-import time
 from collections.abc import Sequence
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dra_driver.model.commands import Completed
-from dra_driver.mpsemu.daemon import run_detached, run_foreground
-from dra_driver.mpsemu.grammar import help_answer, parse_invocation, precheck
-from dra_driver.mpsemu.model import CONTROL_SOCKET
-from dra_driver.mpsemu.paths import emulator_path
-from dra_driver.mpsemu.state import NO_DAEMON
-from dra_driver.mpsemu.wire import MAX_REPLY, Request, WireError, call, decode_reply
+from dra_driver.mpsemu.grammar import NO_DAEMON, help_answer, parse_invocation, precheck
+from dra_driver.mpsemu.wire import (
+    CONTROL_SOCKET,
+    MAX_REPLY,
+    Request,
+    WireError,
+    call,
+    decode_reply,
+)
+
+if TYPE_CHECKING:
+    import subprocess
 
 READY_FD_ENV = "_MPS_EMULATOR_READY_FD"
 """Set by ``-d`` for the daemon process it starts: the pipe on which that reports its start."""
@@ -43,9 +52,13 @@ def control_main(argv: Sequence[str]) -> int:
     if inv.has("d"):
         ready = os.environ.pop(READY_FD_ENV, None)
         if ready is not None and ready.isdigit():
+            from dra_driver.mpsemu.daemon import run_detached
+
             return run_detached(inv, int(ready))
-        return _emit(start_detached(argv, Path(inv.log)))
+        return _emit(start_detached(argv, inv.log))
     if inv.has("f"):
+        from dra_driver.mpsemu.daemon import run_foreground
+
         return run_foreground(inv)
     if inv.has("q"):
         return _emit(ask(inv.pipe, Request(quit=True)))
@@ -56,7 +69,7 @@ def control_main(argv: Sequence[str]) -> int:
 def ask(pipe: str, request: Request) -> Completed:
     """The daemon's answer to ``request`` (rc 1 with the reason when there is none)."""
     try:
-        return call(str(Path(pipe) / CONTROL_SOCKET), request, CLIENT_TIMEOUT_S)
+        return call(os.path.join(pipe, CONTROL_SOCKET), request, CLIENT_TIMEOUT_S)
     except WireError as exc:
         return Completed(1, "", f"no answer from the MPS control daemon: {exc}")
     except OSError as exc:
@@ -65,9 +78,15 @@ def ask(pipe: str, request: Request) -> Completed:
         return Completed(1, "", f"{NO_DAEMON} ({exc})")
 
 
-def start_detached(argv: Sequence[str], log: Path) -> Completed:
+def start_detached(argv: Sequence[str], log_dir: str) -> Completed:
     """Start this program again as a daemon in its own session (stdio detached, stderr to
     ``<log>/control.log``) and return what it reports within :data:`START_TIMEOUT_S`."""
+    import subprocess
+    from pathlib import Path
+
+    from dra_driver.mpsemu.paths import emulator_path
+
+    log = Path(log_dir)
     read_end, write_end = os.pipe()
     try:
         log.mkdir(parents=True, exist_ok=True)
@@ -108,6 +127,8 @@ def start_detached(argv: Sequence[str], log: Path) -> Completed:
 
 def _reap(proc: subprocess.Popen[bytes]) -> None:
     """Wait for a daemon process that refused to start (it exits at once)."""
+    import subprocess
+
     try:
         proc.wait(START_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -116,6 +137,9 @@ def _reap(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _read_report(fd: int) -> bytes:
+    import select
+    import time
+
     data = b""
     deadline = time.monotonic() + START_TIMEOUT_S
     while b"\n" not in data and len(data) <= MAX_REPLY:

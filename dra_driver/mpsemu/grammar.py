@@ -15,6 +15,8 @@ from dra_driver.model.commands import Completed
 
 PROGRAM = "nvidia-cuda-mps-control"
 """The control program's name."""
+NO_DAEMON = "Cannot find MPS control daemon process"
+"""What the program answers when no control daemon listens at the pipe directory."""
 DEFAULT_PIPE = "/tmp/nvidia-mps"
 """``CUDA_MPS_PIPE_DIRECTORY`` when unset."""
 DEFAULT_LOG = "/var/log/nvidia-mps"

@@ -16,8 +16,6 @@ from typing import Protocol
 
 from dra_driver.model.errors import DriverError
 
-CONTROL_SOCKET = "control"
-"""Name of the socket of a daemon, a server and a namespace in its directory."""
 PID_FILE = "nvidia-cuda-mps-control.pid"
 """Name of the daemon's PID file in its pipe directory."""
 DEFAULT_NAMESPACE = "default"

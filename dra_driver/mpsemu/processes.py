@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable
 
 from dra_driver.mpsemu.model import (
-    CONTROL_SOCKET,
     PID_FILE,
     Client,
     Daemon,
@@ -27,6 +26,7 @@ from dra_driver.mpsemu.model import (
 )
 from dra_driver.mpsemu.paths import server_launcher
 from dra_driver.mpsemu.proc import write_pid_file
+from dra_driver.mpsemu.wire import CONTROL_SOCKET
 
 ORDER_TIMEOUT_S = 5.0
 """Seconds a server has to answer an order (or to say READY after its start)."""

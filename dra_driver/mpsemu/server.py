@@ -50,8 +50,9 @@ from pathlib import Path
 from typing import TextIO
 
 from dra_driver.model import simusage
-from dra_driver.mpsemu.model import CONTROL_SOCKET, DEFAULT_NAMESPACE, mem_text
+from dra_driver.mpsemu.model import DEFAULT_NAMESPACE, mem_text
 from dra_driver.mpsemu.proc import peer_pid, set_process_name
+from dra_driver.mpsemu.wire import CONTROL_SOCKET
 
 SERVER_PROGRAM = "nvidia-cuda-mps-server"
 """The server program's name (its argv[0] and, cut to 15 characters, its process name)."""

@@ -35,10 +35,15 @@ from dra_driver.mpsemu.config import (
     check_declared,
     declared_servers,
 )
-from dra_driver.mpsemu.grammar import Invocation, help_answer, precheck, split_command
+from dra_driver.mpsemu.grammar import (
+    NO_DAEMON,
+    Invocation,
+    help_answer,
+    precheck,
+    split_command,
+)
 from dra_driver.mpsemu.limits import apply_limits, namespace_rows, threads_text, valid_name
 from dra_driver.mpsemu.model import (
-    CONTROL_SOCKET,
     DEFAULT_NAMESPACE,
     PID_FILE,
     Daemon,
@@ -48,8 +53,8 @@ from dra_driver.mpsemu.model import (
     WorldError,
     mem_text,
 )
+from dra_driver.mpsemu.wire import CONTROL_SOCKET
 
-NO_DAEMON = "Cannot find MPS control daemon process"
 """stderr of a command when no daemon runs at the pipe directory (rc 1)."""
 ALREADY_RUNNING = "An instance of this daemon is already running"
 """stderr of a start refused because a daemon (or its ``control`` + PID file) is there."""

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from dra_driver.model.commands import Completed
 from dra_driver.model.errors import DriverError
 
+CONTROL_SOCKET = "control"
+"""Name of the socket of a daemon, a server and a namespace in its directory."""
 MAX_REQUEST = 64 * 1024
 """Longest request line, bytes."""
 MAX_REPLY = 8 * 1024 * 1024

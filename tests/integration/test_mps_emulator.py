@@ -20,7 +20,7 @@ import pytest
 from dra_driver.enforce.control import MpsCommandError
 from dra_driver.enforce.daemon import MpsDaemon
 from dra_driver.infra.runner import SubprocessRunner
-from dra_driver.mpsemu import emulator_path
+from dra_driver.mpsemu.paths import emulator_path
 from tests.support.mpsemu import Probe, alive, private_root, wait_for
 
 pytestmark = pytest.mark.integration
@@ -63,7 +63,8 @@ def test_launchers_are_executable_files_of_the_package() -> None:
     control = emulator_path()
     assert control.name == "nvidia-cuda-mps-control" and os.access(control, os.X_OK)
     assert os.access(control.with_name("nvidia-cuda-mps-server"), os.X_OK)
-    assert control.read_text().startswith("#!/usr/bin/env python3\n")
+    # -I -S: no site-packages or user environment; a client starts in milliseconds
+    assert control.read_text().startswith("#!/usr/bin/env -S python3 -I -S\n")
 
 
 def test_control_program_starts_answers_and_quits(root: Path) -> None:

@@ -19,7 +19,7 @@ from dra_driver.enforce.simnvml import SimulatedNvml
 from dra_driver.infra.runner import SubprocessRunner
 from dra_driver.model.gpu import Gpu
 from dra_driver.model.plans import ClaimRef
-from dra_driver.mpsemu import emulator_path
+from dra_driver.mpsemu.paths import emulator_path
 from dra_driver.observe.accounting import FractionUsage, fraction_rows, normalized_sm
 from dra_driver.observe.usage import MpsUsageSource
 from tests.support.fakes.mps_control import FakeNvml

@@ -28,7 +28,7 @@ from dra_driver.enforce.simnvml import SimulatedNvml
 from dra_driver.gpus import SimulatedGpuSource
 from dra_driver.infra.runner import SubprocessRunner
 from dra_driver.model.plans import ClaimPlan
-from dra_driver.mpsemu import emulator_path
+from dra_driver.mpsemu.paths import emulator_path
 from tests.support.fakes.plans import GIB, device, plan
 from tests.support.mpsemu import Probe, alive, private_root, wait_for
 

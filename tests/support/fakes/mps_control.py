@@ -41,7 +41,6 @@ from dra_driver.enforce.nvmlcontrol import UNLIMITED, CgroupMemory, MpsProcess, 
 from dra_driver.model.commands import Completed
 from dra_driver.mpsemu.grammar import DEFAULT_PIPE, PROGRAM, parse_invocation
 from dra_driver.mpsemu.model import (
-    CONTROL_SOCKET,
     DEFAULT_NAMESPACE,
     PID_FILE,
     Client,
@@ -51,6 +50,7 @@ from dra_driver.mpsemu.model import (
     Server,
 )
 from dra_driver.mpsemu.state import MpsState
+from dra_driver.mpsemu.wire import CONTROL_SOCKET
 
 BINARY = PROGRAM
 

@@ -621,8 +621,11 @@ def test_plugin_runs_under_chroot_without_writing(
     assert snapshot(root) == before, "the plugin wrote to its root filesystem"
     # The MPS emulator of simulated nodes is in the package, not on PATH, and runs on the
     # image's own interpreter (the image has no /usr/bin/env).
-    emulator = chroot("/usr/bin/python3", "-c", "from dra_driver.mpsemu import emulator_path\n"
-                      "print(emulator_path())").strip()  # fmt: skip
+    emulator = chroot(
+        "/usr/bin/python3",
+        "-c",
+        "from dra_driver.mpsemu.paths import emulator_path\nprint(emulator_path())",
+    ).strip()
     assert "/dra_driver/mpsemu/bin/" in emulator
     assert "server" in chroot(emulator, "-h")
     assert not os.path.lexists(root / "usr/local/bin/nvidia-cuda-mps-control")
@@ -760,3 +763,18 @@ def test_rootfs_only_is_the_plugin_layer(
             digest = hashlib.sha256(p.read_bytes()).digest()
             tree[rel] = (tarfile.REGTYPE, stat.S_IMODE(st.st_mode), mtime, "", digest)
     assert tree == layer
+
+
+def test_launchers_keep_their_interpreter_options_in_the_image(tmp_path: Path) -> None:
+    """The image has no ``env``: a launcher's ``#!/usr/bin/env -S python3 -I -S`` becomes the
+    image's interpreter with the options as the one argument a ``#!`` line passes."""
+    from devtools.buildimage import LAUNCHERS, PYTHON, BuildError, launcher_text
+
+    for launcher in sorted(LAUNCHERS.iterdir()):
+        first, rest = launcher_text(launcher).split("\n", 1)
+        assert first == f"#!/usr/bin/{PYTHON} -IS", launcher
+        assert rest == launcher.read_text().split("\n", 1)[1]
+    odd = tmp_path / "odd"
+    odd.write_text("#!/usr/bin/env -S python3 -X importtime\nprint()\n")
+    with pytest.raises(BuildError, match="single-letter options only"):
+        launcher_text(odd)
