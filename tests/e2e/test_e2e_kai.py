@@ -14,6 +14,7 @@ from fractions import Fraction
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 pytest.register_assert_rewrite("plugin_fixtures")
 from plugin_fixtures import (  # noqa: E402
@@ -86,7 +87,13 @@ def kai_pod(e2e: E2E, name: str, annotations: dict[str, str], containers: list[s
     }
 
     def translated() -> bool:
-        pod = e2e.create_pod(name, spec, annotations=annotations)
+        try:
+            pod = e2e.create_pod(name, spec, annotations=annotations)
+        except ApiException as exc:
+            # the validating policy in effect before the mutating one
+            if "were not translated" in str(exc.body):
+                return False
+            raise
         if pod["spec"].get("resourceClaims"):
             return True
         e2e.delete_pod(name, grace=0)

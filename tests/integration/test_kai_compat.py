@@ -117,17 +117,17 @@ def cluster() -> Iterator[Cluster]:
             pytest.fail(str(exc))
         api = k8s_config.new_client_from_config(config_file=str(state / "kubeconfig"))
         c = Cluster(api)
-        probe = pod("probe", {"gpu-fraction": "0.3"})
+        probe = pod("probe", {"gpu-fraction": "0.125"})
 
-        def refused() -> bool:
+        def translated() -> bool:
             answer = c.create(NS, probe)
-            if isinstance(answer, dict):
-                c.core.delete_namespaced_pod("probe", NS, grace_period_seconds=0)
-                return False
-            return POLICY in answer
+            if isinstance(answer, str):
+                return False  # the validating policy in effect before the mutating one
+            c.core.delete_namespaced_pod("probe", NS, grace_period_seconds=0)
+            return bool(answer["spec"].get("resourceClaims"))
 
         # in effect once the API server's policy informers have them
-        wait_for("the KAI pod policy", refused, timeout=60)
+        wait_for("the KAI pod policies", translated, timeout=60)
         yield c
         api.close()
     finally:
@@ -258,6 +258,18 @@ TRANSLATED = [
         },
         id="nvfractions-limit-equal-to-request",
     ),
+    pytest.param(
+        {"nvidia.com/container.main.gpu-memory.request": "1.5Gi"},
+        ("main",),
+        {
+            "class": "gpu-memory",
+            "count": 1,
+            "capacity": {"memory": "1536Mi"},
+            "limit": {},
+            "constraints": [],
+        },
+        id="nvfractions-decimal-quantity",
+    ),
 ]
 
 
@@ -270,10 +282,14 @@ def test_annotated_pod_gets_the_claim_a_user_would_write(
     request: pytest.FixtureRequest,
 ) -> None:
     name = request.node.callspec.id
-    stored = cluster.create(NS, pod(name, annotations, containers, schedulerName="kai-scheduler"))
+    # a claim of the user's own named like a translated one does not stop the translation
+    own = {"name": "kai-cache", "resourceClaimName": "cache"}
+    body = pod(name, annotations, containers, schedulerName="kai-scheduler", resourceClaims=[own])
+    stored = cluster.create(NS, body)
     assert isinstance(stored, dict), stored
     spec = stored["spec"]
-    (ref,) = spec["resourceClaims"]
+    mine, ref = spec["resourceClaims"]
+    assert mine == own
     assert ref["resourceClaimTemplateName"] == "gpu-fraction-kai"
     target = annotations.get("gpu-fraction-container-name") or (
         containers[0] if "server" not in containers else "server"
@@ -323,7 +339,8 @@ REFUSED = [
     ),
     pytest.param(
         {"nvidia.com/container.sidecar.gpu-memory.request": "4Gi"},
-        "names container sidecar, which is not an app container of this pod",
+        "container sidecar (named by nvidia.com/container.sidecar.gpu-memory.request) is not "
+        "a container of this pod",
         id="unknown-container",
     ),
     pytest.param(
@@ -331,7 +348,8 @@ REFUSED = [
             "nvidia.com/container.main.gpu-memory.request": "4Gi",
             "nvidia.com/container.other.gpu-memory.request": "4Gi",
         },
-        "one container of a pod may take a fraction through annotations",
+        # which of the two is named first depends on the annotations' order
+        "one container of a pod takes a fraction through annotations",
         id="two-containers",
     ),
     pytest.param(
@@ -364,7 +382,7 @@ REFUSED = [
     ),
     pytest.param(
         {"nvidia.com/container.main.gpu-memory.request": "1.5"},
-        "gpu-memory.request 1.5 must be a positive Kubernetes quantity of whole bytes",
+        "gpu-memory.request 1.5 must be a Kubernetes quantity of whole bytes",
         id="request-not-whole-bytes",
     ),
     pytest.param(
@@ -380,6 +398,34 @@ REFUSED = [
         "gpu-fraction.limit needs gpu-fraction",
         id="limit-without-fraction",
     ),
+    pytest.param(
+        {"gpu-memory": "100000000"},
+        "gpu-memory 100000000 must be a whole number of MiB (KAI's unit) from 1 to 9999999",
+        id="gpu-memory-too-large",
+    ),
+    pytest.param(
+        {"gpu-fraction": "0.5", "nvidia.com/container.other.gpu-compute.mode": "sm-sharing"},
+        "names container other, but the fraction is for container main",
+        id="mode-for-another-container",
+    ),
+    pytest.param(
+        {
+            "gpu-fraction": "0.5",
+            "gpu-fraction.limit": "0.6",
+            "kai.scheduler/container.main.gpu-memory.portion.limit": "0.7",
+        },
+        "gpu-fraction.limit and kai.scheduler/container.main.gpu-memory.portion.limit differ",
+        id="two-portion-limits",
+    ),
+    pytest.param(
+        {
+            "gpu-memory": "4096",
+            "gpu-memory.limit": "16Gi",
+            "nvidia.com/container.main.gpu-memory.limit": "2Gi",
+        },
+        "nvidia.com/container.main.gpu-memory.limit and gpu-memory.limit differ",
+        id="two-memory-limits",
+    ),
 ]
 
 
@@ -393,11 +439,31 @@ def test_untranslatable_pod_is_refused_naming_the_annotation(
     assert POLICY in answer and message in answer, answer
 
 
-def test_whole_gpus_and_a_fraction_are_refused(cluster: Cluster) -> None:
-    body = pod("both", {"gpu-fraction": "0.5"})
-    body["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+@pytest.mark.parametrize("where", ["containers", "initContainers"])
+def test_whole_gpus_and_a_fraction_are_refused(cluster: Cluster, where: str) -> None:
+    body = pod(f"both-{where.lower()}", {"gpu-fraction": "0.5"})
+    gpu = {"name": "g", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    body["spec"][where] = [*body["spec"].get(where, []), gpu]
     answer = cluster.create(NS, body)
     assert isinstance(answer, str) and "asks for nvidia.com/gpu as well" in answer, answer
+
+
+def test_an_init_container_named_by_gpu_fraction_container_name_gets_the_claim(
+    cluster: Cluster,
+) -> None:
+    """KAI's own example of a fraction for an init container."""
+    annotations = {"gpu-fraction": "0.5", "gpu-fraction-container-name": "gpu-init"}
+    body = pod("init", annotations, ("main",))
+    body["spec"]["initContainers"] = [{"name": "gpu-init", "image": "busybox"}]
+    stored = cluster.create(NS, body)
+    assert isinstance(stored, dict), stored
+    (ref,) = stored["spec"]["resourceClaims"]
+    (init,) = stored["spec"]["initContainers"]
+    assert init["resources"]["claims"] == [{"name": ref["name"]}]
+    assert not stored["spec"]["containers"][0].get("resources", {}).get("claims")
+    got = summary(cluster.claim_of(NS, "init"))
+    show(annotations, {"container": "gpu-init (init)", **got})
+    assert (got["class"], got["count"]) == ("gpu-half", 1)
 
 
 def test_a_pod_without_kai_annotations_is_left_alone(cluster: Cluster) -> None:
@@ -439,10 +505,14 @@ def test_without_the_template_the_pod_says_what_is_missing(cluster: Cluster) -> 
     assert 'resource claim template "gpu-fraction-kai"' in events[0], events
 
 
-def test_an_ungranted_namespace_is_refused_at_admission(cluster: Cluster) -> None:
+def test_pods_of_namespaces_not_granted_are_left_alone(cluster: Cluster) -> None:
+    """The policies act in granted namespaces only (kaiCompat.namespaceSelector's default):
+    elsewhere, e.g. where KAI itself still runs, a pod keeps its annotations and gets no claim."""
     cluster.core.create_namespace({"metadata": {"name": "kai-stranger"}})
-    answer = cluster.create("kai-stranger", pod("p", {"gpu-fraction": "0.5"}))
-    assert isinstance(answer, str) and "namespace kai-stranger is not granted" in answer, answer
+    stored = cluster.create("kai-stranger", pod("p", {"gpu-fraction": "0.3"}))
+    assert isinstance(stored, dict), stored
+    assert "resourceClaims" not in stored["spec"]
+    assert stored["metadata"]["annotations"] == {"gpu-fraction": "0.3"}
 
 
 def test_a_hand_written_claim_cannot_borrow_the_translation_to_exceed_its_class(

@@ -64,16 +64,22 @@ object.metadata.?annotations.orValue({}).exists(k, k in ["gpu-fraction", "gpu-fr
     variables.ann.filter(k, (k.startsWith("nvidia.com/container.") && (k.endsWith(".gpu-memory.request")
     || k.endsWith(".gpu-memory.limit") || k.endsWith(".gpu-compute.mode") || k.endsWith(".gpus.devices")))
     || (k.startsWith("kai.scheduler/container.") && k.endsWith(".gpu-memory.portion.limit")))
-- name: keyedContainers
-  expression: variables.keyed.map(k, k.split(".")[2])
 - name: containerNames
   expression: object.spec.containers.map(c, c.name)
-# The container the fraction is for: the one the keyed annotations name, else
-# gpu-fraction-container-name, else the first container (KAI's rules).
+- name: initNames
+  expression: object.spec.?initContainers.orValue([]).map(c, c.name)
+# The container the fraction is for (KAI's rules): the one a gpu-memory.request annotation
+# names, else gpu-fraction-container-name (an app or init container), else the first one.
+- name: keyedRequests
+  expression: >-
+    variables.keyed.filter(k, k.startsWith("nvidia.com/container.") && k.endsWith(".gpu-memory.request"))
 - name: target
   expression: >-
-    variables.keyedContainers.size() > 0 ? variables.keyedContainers[0]
-    : variables.ann[?"gpu-fraction-container-name"].orValue(variables.containerNames[0])
+    variables.keyedRequests.size() > 0 ? variables.keyedRequests[0].split(".")[2]
+    : variables.ann[?"gpu-fraction-container-name"].orValue(variables.containerNames.size() > 0
+    ? variables.containerNames[0] : "")
+- name: isInit
+  expression: '!(variables.target in variables.containerNames) && variables.target in variables.initNames'
 - name: p
   expression: '"nvidia.com/container." + variables.target'
 - name: mode
@@ -83,7 +89,7 @@ object.metadata.?annotations.orValue({}).exists(k, k in ["gpu-fraction", "gpu-fr
 - name: legacyMemory
   expression: variables.ann[?"gpu-memory"].orValue("")
 - name: legacyOk
-  expression: variables.legacyMemory.matches(r'^[0-9]{1,9}$') && int(variables.legacyMemory) > 0
+  expression: variables.legacyMemory.matches(r'^[0-9]{1,7}$') && int(variables.legacyMemory) > 0
 # The guaranteed memory as a quantity ("" for none) and the annotation it came from.
 - name: memRequest
   expression: >-
@@ -110,16 +116,20 @@ object.metadata.?annotations.orValue({}).exists(k, k in ["gpu-fraction", "gpu-fr
   expression: 'variables.countText.matches(r''^[0-9]{1,2}$'') ? int(variables.countText) : 0'
 - name: memory
   expression: variables.memRequest != ""
+# A quantity of whole bytes (1.5Gi is; 1.5 is not), at least one byte, below 1P (exact as a
+# double: whole numbers below 2^53 are).
 - name: requestOk
   expression: >-
-    variables.memory && isQuantity(variables.memRequest) && quantity(variables.memRequest).isInteger()
+    variables.memory && isQuantity(variables.memRequest)
     && quantity(variables.memRequest).isGreaterThan(quantity("0"))
-    && quantity(variables.memRequest).asInteger() < 1000000000000000
+    && quantity(variables.memRequest).asApproximateFloat() < 1000000000000000.0
+    && quantity(variables.memRequest).asApproximateFloat() == double(int(quantity(variables.memRequest).asApproximateFloat()))
 - name: limitOk
   expression: >-
-    variables.memLimit != "" && isQuantity(variables.memLimit) && quantity(variables.memLimit).isInteger()
+    variables.memLimit != "" && isQuantity(variables.memLimit)
     && quantity(variables.memLimit).isGreaterThan(quantity("0"))
-    && quantity(variables.memLimit).asInteger() < 1000000000000000
+    && quantity(variables.memLimit).asApproximateFloat() < 1000000000000000.0
+    && quantity(variables.memLimit).asApproximateFloat() == double(int(quantity(variables.memLimit).asApproximateFloat()))
 - name: portionPattern
   expression: r'^(0?\.[0-9]{1,5}|1(\.0{1,5})?)$'
 - name: products
@@ -152,23 +162,33 @@ object.metadata.?annotations.orValue({}).exists(k, k in ["gpu-fraction", "gpu-fr
 # Every reason the pod cannot be translated, each naming the annotation and what to write.
 - name: problems
   expression: >-
-    variables.keyedContainers.filter(c, c != variables.target).map(c, "annotations name containers "
-    + variables.target + " and " + c + ": one container of a pod may take a fraction through
-    annotations (as with KAI); give the others a ResourceClaimTemplate (docs/user-guide.md)")
-    + (!(variables.target in variables.containerNames) ? ["annotation "
-    + (variables.keyed.size() > 0 ? variables.keyed[0] : "gpu-fraction-container-name")
-    + " names container " + variables.target + ", which is not an app container of this pod
-    (an init container cannot take a fraction through annotations; give it a
-    ResourceClaimTemplate)"] : [])
-    + (variables.keyed.size() > 0 && "gpu-fraction-container-name" in variables.ann
+    variables.keyed.filter(k, k.split(".")[2] != variables.target).map(k, "annotation " + k
+    + " names container " + k.split(".")[2] + ", but the fraction is for container "
+    + variables.target + " (the container of a gpu-memory.request annotation, else
+    gpu-fraction-container-name, else the first container): one container of a pod takes a
+    fraction through annotations (as with KAI); name that one, and give others a
+    ResourceClaimTemplate (docs/user-guide.md)")
+    + (!(variables.target in variables.containerNames) && !(variables.target in variables.initNames)
+    ? ["container " + variables.target + " (named by "
+    + (variables.keyedRequests.size() > 0 ? variables.keyedRequests[0] : "gpu-fraction-container-name")
+    + ") is not a container of this pod"] : [])
+    + (variables.keyedRequests.size() > 0 && "gpu-fraction-container-name" in variables.ann
     && variables.ann["gpu-fraction-container-name"] != variables.target
     ? ["gpu-fraction-container-name " + variables.ann["gpu-fraction-container-name"]
-    + " does not match container " + variables.target + " of annotation " + variables.keyed[0]
-    + ": name one container"] : [])
+    + " does not match container " + variables.target + " of annotation "
+    + variables.keyedRequests[0] + ": name one container"] : [])
+    + ("gpu-fraction.limit" in variables.ann && ("kai.scheduler/container." + variables.target
+    + ".gpu-memory.portion.limit") in variables.ann && variables.ann["gpu-fraction.limit"]
+    != variables.ann["kai.scheduler/container." + variables.target + ".gpu-memory.portion.limit"]
+    ? ["gpu-fraction.limit and kai.scheduler/container." + variables.target
+    + ".gpu-memory.portion.limit differ: write one of them"] : [])
+    + ((variables.p + ".gpu-memory.limit") in variables.ann && "gpu-memory.limit" in variables.ann
+    && variables.ann[variables.p + ".gpu-memory.limit"] != variables.ann["gpu-memory.limit"]
+    ? [variables.p + ".gpu-memory.limit and gpu-memory.limit differ: write one of them"] : [])
     + variables.keyed.filter(k, k.endsWith(".gpus.devices")).map(k, k + " is written by KAI's
     binder for the GPUs it chose; here the scheduler chooses them: remove it")
     + (!variables.memory && variables.fraction == "" ? ["annotations "
-    + variables.ann.filter(k, k in variables.keyed || k in ["gpu-fraction.limit",
+    + variables.ann.filter(k, k in variables.keyed || k in ["gpu-fraction", "gpu-fraction.limit",
     "gpu-memory.limit", "gpu-fraction-num-devices", "gpu-fraction-container-name"]).join(", ")
     + " ask for no GPU memory: add " + variables.p + ".gpu-memory.request (the guaranteed memory,
     e.g. 20Gi) or gpu-fraction (a portion of a card, e.g. \"0.5\")"] : [])
@@ -176,16 +196,18 @@ object.metadata.?annotations.orValue({}).exists(k, k in ["gpu-fraction", "gpu-fr
     + " and " + variables.requestKey + " " + variables.memRequest + " both ask for a share of a
     GPU: keep one (a portion of a card, or an amount of memory)"] : [])
     + (variables.legacyMemory != "" && !variables.legacyOk ? ["gpu-memory " + variables.legacyMemory
-    + " must be a whole number of MiB (KAI's unit), e.g. \"20480\"; or write "
+    + " must be a whole number of MiB (KAI's unit) from 1 to 9999999, e.g. \"20480\"; or write "
     + variables.p + ".gpu-memory.request: 20Gi"] : [])
     + (variables.nvRequest != "" && variables.legacyMemory != "" && variables.legacyOk
     && !(variables.requestOk && quantity(variables.nvRequest).compareTo(quantity(variables.legacyMemory
     + "Mi")) == 0) ? ["gpu-memory " + variables.legacyMemory + " (MiB) differs from "
     + variables.requestKey + " " + variables.nvRequest + ": write one of them"] : [])
     + (variables.nvRequest != "" && !variables.requestOk ? [variables.requestKey + " "
-    + variables.nvRequest + " must be a positive Kubernetes quantity of whole bytes, e.g. 40Gi"] : [])
+    + variables.nvRequest + " must be a Kubernetes quantity of whole bytes, at least 1 and below
+    1P, e.g. 40Gi"] : [])
     + (variables.memLimit != "" && !variables.limitOk ? [variables.limitKey + " "
-    + variables.memLimit + " must be a positive Kubernetes quantity of whole bytes, e.g. 60Gi"] : [])
+    + variables.memLimit + " must be a Kubernetes quantity of whole bytes, at least 1 and below
+    1P, e.g. 60Gi"] : [])
     + (variables.memLimit != "" && !variables.memory && variables.fraction != ""
     ? [variables.limitKey + " is a ceiling for a memory request; with gpu-fraction write
     gpu-fraction.limit (a portion of a card, e.g. \"0.8\")"] : [])
@@ -217,7 +239,8 @@ object.metadata.?annotations.orValue({}).exists(k, k in ["gpu-fraction", "gpu-fr
     + (variables.memory ? [variables.requestKey + " asks for an amount of memory and this cluster
     offers no gpu-memory classes; use gpu-fraction"] : [])
     {{- end }}
-    + (object.spec.containers.exists(c, "nvidia.com/gpu" in c.?resources.?limits.orValue({})
+    + ((object.spec.containers + object.spec.?initContainers.orValue([])).exists(c,
+    "nvidia.com/gpu" in c.?resources.?limits.orValue({})
     || "nvidia.com/gpu" in c.?resources.?requests.orValue({})) ? ["a container asks for
     nvidia.com/gpu as well: ask for whole GPUs or for a fraction, not both"] : [])
     + (variables.above && variables.deviceClass in variables.noBurst ? [variables.limitKey + " "
@@ -244,7 +267,7 @@ object.metadata.?annotations.orValue({}).exists(k, k in ["gpu-fraction", "gpu-fr
   expression: >-
     variables.problems.size() > 0 ? "" : "kai-" + (variables.mode == "sm-sharing" ? "sm" : "ts")
     + "-x" + string(variables.count) + "-"
-    + (variables.memory ? (variables.memLimit == "" ? "n" : "b" + string(quantity(variables.memLimit).asInteger()))
+    + (variables.memory ? (variables.memLimit == "" ? "n" : "b" + string(int(quantity(variables.memLimit).asApproximateFloat())))
     : (variables.fractionLimit == "" ? "n" : "p" + variables.fractionLimit.replace(".", "d")))
-    + "-" + (variables.memory ? "b" + string(quantity(variables.memRequest).asInteger()) : "p" + variables.product)
+    + "-" + (variables.memory ? "b" + string(int(quantity(variables.memRequest).asApproximateFloat())) : "p" + variables.product)
 {{- end -}}
