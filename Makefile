@@ -59,7 +59,8 @@ e2e: $(STAMP)
 
 # bench: every script in benchmarks/ at full size (each prints its table and ends with a
 # `<name>: <number>` line; `make integration` and `make e2e` run them with --smoke). In process
-# or with simulated GPUs, no cluster: bench_prepare, bench_prepare_under_load,
+# or with simulated GPUs, no cluster: bench_prepare, bench_prepare_mps (the real MPS enforcer
+# and the MPS emulator), bench_prepare_under_load,
 # bench_garbage_memory, bench_mps_service. A kubelet-less local control plane of their own
 # (benchlib.local_cluster: hack/local-cluster up, down at the end; its binaries built here
 # first): bench_scheduler (50 and 150 nodes: long on 2 cores), bench_packing, check_modes. A
@@ -68,6 +69,7 @@ CLUSTER_TOOLS := etcd kube-apiserver kube-controller-manager kube-scheduler
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_prepare.py
+	$(PY) benchmarks/bench_prepare_mps.py
 	$(PY) benchmarks/bench_prepare_under_load.py
 	$(PY) benchmarks/bench_garbage_memory.py
 	$(PY) benchmarks/bench_mps_service.py
