@@ -33,6 +33,7 @@ from dra_driver.enforce.control import MpsCommandError, MpsControl, MpsTimeout
 from dra_driver.enforce.declared import CLAIMS_FILE, DeclaredError, claims_toml, merged_config
 from dra_driver.enforce.names import CONTROL_BINARY, CONTROL_SOCKET, PIPE_DIR_MODE, daemon_pipe_dir
 from dra_driver.enforce.readiness import ReadinessError, read_state, state_path
+from dra_driver.enforce.rows import ServerRow
 from dra_driver.enforce.targets import FractionTarget
 from dra_driver.infra import budget
 from dra_driver.infra.atomicfile import owner_only, private_dir, write_atomic
@@ -119,11 +120,27 @@ class MpsDaemon:
 
     def alive(self) -> bool:
         """Whether the daemon answers ``server list`` (False also when it is hung)."""
+        return self._answer() is not None
+
+    def _answer(self) -> list[ServerRow] | None:
+        """The daemon's ``server list``; None when it does not answer (hung or not running)."""
         try:
-            self.control.server_list()
+            return self.control.server_list()
         except MpsCommandError:
-            return False
-        return True
+            return None
+
+    def _rows(self) -> list[ServerRow] | None:
+        """The daemon's ``server list``; None when it is not running.
+
+        Raises:
+            MpsTimeout: it does not answer in time (hung: its sockets must stay).
+        """
+        try:
+            return self.control.server_list()
+        except MpsTimeout:
+            raise
+        except MpsCommandError:
+            return None
 
     def _running(self) -> bool:
         """Whether the daemon answers ``server list``; False when it is not running.
@@ -131,13 +148,18 @@ class MpsDaemon:
         Raises:
             MpsTimeout: it does not answer in time (hung: its sockets must stay).
         """
-        try:
-            self.control.server_list()
-        except MpsTimeout:
-            raise
-        except MpsCommandError:
-            return False
-        return True
+        return self._rows() is not None
+
+    def ensure_answering(self) -> list[ServerRow]:
+        """:meth:`ensure_running`, returning the ``server list`` that showed the daemon answers
+        (one command when it runs, so that a Prepare does not list the servers twice).
+
+        Raises:
+            MpsTimeout: the daemon runs but does not answer in time.
+            MpsError: when the daemon does not start or does not answer afterwards.
+        """
+        rows = self._rows()
+        return self._start() if rows is None else rows
 
     def ensure_running(self) -> bool:
         """Start the daemon unless it answers already; return True when it was (re)started.
@@ -151,15 +173,25 @@ class MpsDaemon:
         """
         if self._running():
             return False
+        self._start()
+        return True
+
+    def _start(self) -> list[ServerRow]:
+        """Start the daemon and wait until it answers; return the ``server list`` it answered.
+
+        Raises:
+            MpsError: when the daemon does not start or does not answer afterwards.
+        """
         self.prepare_start()
         log.info("starting MPS control daemon", mode=self.mode, pipe_dir=str(self.pipe_dir))
         self.control.start_daemon(self.config_file)
         call = budget.current()
         for _ in range(max(1, self.start_checks)):
-            if self.alive():
+            rows = self._answer()
+            if rows is not None:
                 self.starts += 1
                 owner_only(self.pipe_dir / CONTROL_SOCKET)
-                return True
+                return rows
             if call is not None and call.spent():
                 break
             self.sleep(self.check_interval)
@@ -275,16 +307,28 @@ class ServiceDaemon(MpsDaemon):
             MpsError: the service is not ready (the message says why and names the DaemonSet
                 that runs it).
         """
+        self.ensure_answering()
+        return False
+
+    def ensure_answering(self) -> list[ServerRow]:
+        """:meth:`ensure_running`, returning the ``server list`` that showed the daemon answers.
+
+        Raises:
+            MpsTimeout: the daemon runs but does not answer in time.
+            MpsError: the service is not ready (the message says why and names the DaemonSet
+                that runs it).
+        """
         problem = self.service_problem()
-        if problem is None and not self._running():
+        rows = self._rows() if problem is None else None
+        if problem is None and rows is None:
             problem = f"the {self.mode} control daemon does not answer at {self.pipe_dir}"
-        if problem is not None:
+        if problem is not None or rows is None:
             raise MpsError(
                 f"MPS service not ready on this node: {problem}. The MPS node service (the "
                 "gpu-fraction-dra-mps DaemonSet, dra-driver mps-service) runs the control "
                 "daemons; claims that need MPS fail until it is back"
             )
-        return False
+        return rows
 
     def stop(self) -> None:
         """Nothing: the service owns the daemon (it keeps running for the next claims)."""

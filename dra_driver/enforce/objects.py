@@ -101,20 +101,27 @@ class MpsObjects:
             OSError: a marker or pipe directory cannot be written.
         """
         daemon = self.daemons[t.mode]
-        daemon.ensure_running()
-        self.ensure_server(daemon, t.server, t.server_gpus)
+        rows = daemon.ensure_answering()
+        self.ensure_server(daemon, t.server, t.server_gpus, rows)
         return self.ensure_namespace(daemon, t)
 
-    def ensure_server(self, daemon: MpsDaemon, name: str, gpus: Sequence[Gpu]) -> None:
+    def ensure_server(
+        self,
+        daemon: MpsDaemon,
+        name: str,
+        gpus: Sequence[Gpu],
+        rows: Sequence[ServerRow] | None = None,
+    ) -> None:
         """Make server ``name`` exist for ``gpus`` (compute mode set first) and verified; a
-        failed one, or one for other GPUs, is deleted and re-created.
+        failed one, or one for other GPUs, is deleted and re-created. ``rows``: the daemon's
+        ``server list`` read just before (None: listed here).
 
         Raises:
             MpsError: a command failed, a GPU is not present (NVML), or the new server failed
                 its checks (:meth:`verify_server`).
         """
         ctl = daemon.control
-        row = _row(ctl, name)
+        row = _row(ctl, name) if rows is None else next((r for r in rows if r.name == name), None)
         if row is not None and server_ok(row, gpus):
             self._pids[(daemon.mode, name)] = server_pid(row.pid)
             seal_server(daemon, name)  # one declared in the -a file has the default modes

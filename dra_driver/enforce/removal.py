@@ -4,12 +4,14 @@ shared server, always terminating their clients first."""
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 
 import structlog
 
 from dra_driver.enforce.control import MpsCommandError, MpsControl, MpsTimeout
 from dra_driver.enforce.daemon import MpsDaemon
 from dra_driver.enforce.names import server_name
+from dra_driver.enforce.rows import ClientRow
 from dra_driver.enforce.targets import FractionTarget
 from dra_driver.gpus import Gpu
 
@@ -24,7 +26,14 @@ def terminate_clients(ctl: MpsControl, server: str, namespace: str | None = None
     Raises:
         MpsCommandError: ``client list`` failed.
     """
-    for client in ctl.client_list(server):
+    terminate_listed(ctl, server, ctl.client_list(server), namespace)
+
+
+def terminate_listed(
+    ctl: MpsControl, server: str, clients: Sequence[ClientRow], namespace: str | None = None
+) -> None:
+    """:func:`terminate_clients` with ``server``'s ``client list`` already read."""
+    for client in clients:
         if namespace is not None and client.namespace != namespace:
             continue
         try:
@@ -53,16 +62,32 @@ def remove_target(daemon: MpsDaemon, t: FractionTarget) -> None:
 
 
 def remove_namespace(daemon: MpsDaemon, t: FractionTarget) -> None:
-    """Delete ``t``'s namespace (its clients terminated first) and its pipe directory.
+    """Delete ``t``'s namespace (its clients terminated first) and its pipe directory: two
+    commands (``client list``, ``namespace delete``) when both are there; the server and the
+    namespace are listed only when a command is refused, to tell "already gone" from a failure.
 
     Raises:
         MpsError: a command failed (:class:`MpsTimeout`: the daemon is hung).
     """
     ctl = daemon.control
-    if _listed(ctl, t.server):
-        terminate_clients(ctl, t.server, t.namespace)
-        if any(r.name == t.namespace for r in ctl.namespace_list(t.server)):
+    try:
+        clients = ctl.client_list(t.server)
+    except MpsTimeout:
+        raise
+    except MpsCommandError:
+        if _listed(ctl, t.server):
+            raise
+        clients = None  # no server (or no daemon): nothing of the namespace is left in MPS
+    if clients is not None:
+        terminate_listed(ctl, t.server, clients, t.namespace)
+        try:
             ctl.namespace_delete(t.namespace, t.server, force=True)
+        except MpsTimeout:
+            raise
+        except MpsCommandError:
+            # refused because it is not there (never made, or deleted before a crash): done
+            if any(r.name == t.namespace for r in ctl.namespace_list(t.server)):
+                raise
     shutil.rmtree(daemon.pipe_dir / t.server / t.namespace, ignore_errors=True)
 
 

@@ -52,7 +52,6 @@ def test_hard_time_slicing_commands_and_edits(tmp_path: Path) -> None:
         f"server list {CSV}",
         f"-p 3 -m -d -a {config}",
         f"server list {CSV}",
-        f"server list {CSV}",
         f"server create gpu_0 --uid=0 --allowed-devices={g.uuid}",
         f"server list {CSV}",
         "server set gpu_0 --pinned-memory-limit=1M --active-thread-percentage=1",
@@ -610,3 +609,43 @@ def test_an_unusable_mps_directory_is_said_in_a_users_terms(tmp_path: Path) -> N
     assert f"the node's MPS directory {marker}/" in message and "(not a directory)" in message
     assert "--mps-root" in message
     assert node.mps.daemons == {}  # rolled back
+
+
+def test_a_claim_joining_a_running_server_costs_seven_commands(tmp_path: Path) -> None:
+    """Prepare of a claim on a GPU whose server runs: one ``server list`` (it shows the daemon
+    answers and the server is there), the namespace made, its limits set and read back;
+    Unprepare: its clients listed (and terminated) and the namespace deleted. Before: 10, the
+    servers listed three times and the namespaces twice more."""
+    node = Node(tmp_path)
+    g = node.gpus[0]
+    node.enforcer.apply(plan(device(g, 10 * GIB, 10 * GIB), uid=UID_A))
+    before = len(node.mps.commands())
+    node.enforcer.apply(plan(device(g, 10 * GIB, 10 * GIB), uid=UID_B))
+    node.enforcer.release(UID_B)
+    assert node.mps.commands()[before:] == [
+        f"server list {CSV}",
+        f"namespace list --server=gpu_0 {CSV}",
+        f"namespace create {ns(UID_B)} --server=gpu_0",
+        f"namespace set {ns(UID_B)} --server=gpu_0 --pinned-memory-limit=10240M "
+        "--active-thread-percentage=100",
+        f"namespace list {ns(UID_B)} --server=gpu_0 {CSV}",
+        f"client list --server=gpu_0 {CSV}",
+        f"namespace delete {ns(UID_B)} --server=gpu_0 --force",
+    ]
+    assert set(namespaces(node, "time-slicing")) == {ns(UID_A)}
+
+
+def test_release_of_a_namespace_already_gone_lists_it_and_succeeds(tmp_path: Path) -> None:
+    """The namespace vanished before the release (deleted by hand, a crash between MPS and the
+    records): the refused delete is followed by a list that shows it gone, and the claim is
+    released; the neighbour's namespace stays."""
+    node = Node(tmp_path)
+    g = node.gpus[0]
+    node.enforcer.apply(plan(device(g, 10 * GIB, 10 * GIB), uid=UID_A))
+    node.enforcer.apply(plan(device(g, 10 * GIB, 10 * GIB), uid=UID_B))
+    d = node.mps.daemon(node.pipe("time-slicing"))
+    del d.servers["gpu_0"].namespaces[ns(UID_B)]
+    node.enforcer.release(UID_B)
+    assert node.mps.commands()[-1] == f"namespace list --server=gpu_0 {CSV}"
+    assert set(namespaces(node, "time-slicing")) == {ns(UID_A)}
+    assert UID_B not in node.enforcer._claims
