@@ -105,11 +105,13 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     state = Path(tempfile.mkdtemp(prefix="kai-compat-"))
+    # not in the cluster's state directory: hack/local-cluster down refuses a directory with
+    # files of others in it, and the control plane then outlived the test
+    values = Path(tempfile.mkdtemp(prefix="kai-values-")) / "values.yaml"
     up = local_cluster(state, "up")
     try:
         if up.returncode != 0:
             pytest.fail(f"hack/local-cluster up failed:\n{up.stderr[-3000:]}")
-        values = state / "values.yaml"
         values.write_text(yaml.safe_dump(VALUES))
         try:
             localinstall.install(state / "kubeconfig", RELEASE, "gpu-fraction", values)
@@ -131,8 +133,10 @@ def cluster() -> Iterator[Cluster]:
         yield c
         api.close()
     finally:
-        local_cluster(state, "down")
+        down = local_cluster(state, "down")
         shutil.rmtree(state, ignore_errors=True)
+        shutil.rmtree(values.parent, ignore_errors=True)
+        assert down.returncode == 0, down.stderr[-2000:]
 
 
 def summary(claim: dict[str, Any]) -> dict[str, Any]:
