@@ -133,33 +133,27 @@ def main() -> int:
                 grpc.insecure_channel(f"unix://{root / 'floor.sock'}")
             )
 
+            def timed(call: Any, request: Any, what: str) -> float:
+                """Seconds ``call(request)`` took; exits when a claim failed."""
+                t0 = time.perf_counter()
+                reply = call(request, timeout=60)
+                spent = time.perf_counter() - t0
+                errors = [r.error for r in reply.claims.values() if r.error]
+                if errors:
+                    raise SystemExit(f"{what} failed: {errors[:3]}")
+                return spent
+
             def prepare(claim_list: list[dict[str, Any]]) -> float:
                 for c in claim_list:
                     claims.add(c)
-                t0 = time.perf_counter()
-                reply = kubelet.v1.NodePrepareResources(
-                    dra_v1_pb2.NodePrepareResourcesRequest(claims=[ref_of(c) for c in claim_list]),
-                    timeout=60,
-                )
-                spent = time.perf_counter() - t0
-                errors = [r.error for r in reply.claims.values() if r.error]
-                if errors:
-                    raise SystemExit(f"prepare failed: {errors[:3]}")
-                return spent
+                refs = [ref_of(c) for c in claim_list]
+                request = dra_v1_pb2.NodePrepareResourcesRequest(claims=refs)
+                return timed(kubelet.v1.NodePrepareResources, request, "prepare")
 
             def unprepare(claim_list: list[dict[str, Any]]) -> float:
-                t0 = time.perf_counter()
-                reply = kubelet.v1.NodeUnprepareResources(
-                    dra_v1_pb2.NodeUnprepareResourcesRequest(
-                        claims=[ref_of(c) for c in claim_list]
-                    ),
-                    timeout=60,
-                )
-                spent = time.perf_counter() - t0
-                errors = [r.error for r in reply.claims.values() if r.error]
-                if errors:
-                    raise SystemExit(f"unprepare failed: {errors[:3]}")
-                return spent
+                refs = [ref_of(c) for c in claim_list]
+                request = dra_v1_pb2.NodeUnprepareResourcesRequest(claims=refs)
+                return timed(kubelet.v1.NodeUnprepareResources, request, "unprepare")
 
             gpu0 = devices[f"gpu-0-{MODE}"]
             gpu1 = devices[f"gpu-1-{MODE}"]
