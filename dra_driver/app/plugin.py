@@ -201,7 +201,7 @@ class RunningPlugin:
         sim_root = opts.sim_root if opts.simulated else None
         recording = opts.simulated_enforcer == "recording"
         enforcer, usage = make_enforcer(opts.mps, report, node.state, sim_root, recording)
-        api = api_client(node.opts.kubeconfig, CLAIM_READERS)
+        api = api_client(node.opts.kubeconfig, CLAIM_READERS, "kubelet-plugin")
         metrics = Metrics()
         preparation = self._serve_kubelet(node, report, enforcer, api, metrics)
         sampler = UsageSampler(preparation.prepared_plans, usage or NoUsage(), opts.usage_interval)

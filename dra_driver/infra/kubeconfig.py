@@ -4,6 +4,7 @@ that name the file and say what to do."""
 from __future__ import annotations
 
 import copy
+from importlib import metadata
 from pathlib import Path
 
 import yaml
@@ -45,11 +46,23 @@ def load_kubeconfig(path: Path, cfg: k8s.Configuration) -> None:
         raise ConfigException(f"kubeconfig {path}: {problem}; {KUBECONFIG_HINT}") from exc
 
 
-def api_client(kubeconfig: str | None, connections: int) -> k8s.ApiClient:
+def user_agent(component: str) -> str:
+    """``dra-driver/<version> (<component>)``: the User-Agent of the driver's API requests, so
+    that an API server's audit log and request metrics tell them apart (the official client
+    would send ``OpenAPI-Generator/<client version>/python``)."""
+    try:
+        version = metadata.version("dra-driver")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    return f"dra-driver/{version} ({component})"
+
+
+def api_client(kubeconfig: str | None, connections: int, component: str) -> k8s.ApiClient:
     """An API client from ``kubeconfig``, or in-cluster config when None, whose connection
     pool holds ``connections`` connections (the plugin: one per claim-reader thread,
     :data:`dra_driver.prepare.reads.CLAIM_READERS`; with urllib3's default of 10, every
-    batch of reads opened and discarded the rest).
+    batch of reads opened and discarded the rest) and whose requests carry
+    :func:`user_agent` of ``component``.
     """
     cfg = k8s.Configuration()
     if kubeconfig:
@@ -57,13 +70,17 @@ def api_client(kubeconfig: str | None, connections: int) -> k8s.ApiClient:
     else:
         k8s_config.load_incluster_config(client_configuration=cfg)
     cfg.connection_pool_maxsize = connections
-    return k8s.ApiClient(cfg)
+    client = k8s.ApiClient(cfg)
+    client.user_agent = user_agent(component)
+    return client
 
 
 def single_try(api: k8s.ApiClient) -> k8s.ApiClient:
     """A client with ``api``'s configuration (its own copy) whose calls are tried once: urllib3
-    retries off, for callers that bound their time and retry themselves."""
+    retries off, for callers that bound their time and retry themselves; same User-Agent."""
     config = copy.deepcopy(api.configuration)
     config.retries = False
     config.client_go_retries = False
-    return k8s.ApiClient(config)
+    client = k8s.ApiClient(config)
+    client.user_agent = api.user_agent
+    return client

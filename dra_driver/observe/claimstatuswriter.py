@@ -109,6 +109,7 @@ class ApiClaimStatus:
             headers = {"Content-Type": claimwire.CONTENT_TYPE, "Accept": "application/json"}
         for auth in config.auth_settings().values():  # the client's own bearer token header
             headers[auth["key"]] = str(auth["value"])
+        headers["User-Agent"] = self._client.user_agent
         resp = self._client.rest_client.pool_manager.request(
             method,
             f"{config.host}{path}",

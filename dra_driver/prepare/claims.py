@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -11,6 +10,7 @@ from kubernetes.client import ApiClient, ResourceV1Api
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import TimeoutError as Urllib3TimeoutError
 
+from dra_driver.infra.kubeconfig import single_try
 from dra_driver.model.errors import PrepareError
 
 
@@ -46,10 +46,7 @@ class ApiClaimReader:
     """
 
     def __init__(self, api_client: ApiClient) -> None:
-        config = copy.deepcopy(api_client.configuration)
-        config.retries = False
-        config.client_go_retries = False
-        self._api = ResourceV1Api(ApiClient(config))
+        self._api = ResourceV1Api(single_try(api_client))
 
     def read(self, namespace: str, name: str, timeout: float) -> Mapping[str, Any]:
         """GET ``/apis/resource.k8s.io/v1/namespaces/<ns>/resourceclaims/<name>``, one try,

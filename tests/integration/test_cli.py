@@ -383,14 +383,17 @@ def test_metrics_bind_address(flags: tuple[str, ...], address: str) -> None:
 def test_api_client_keeps_a_connection_per_claim_reader(tmp_path: Path) -> None:
     """Claims are read by CLAIM_READERS threads in parallel; with urllib3's default pool of 10
     connections the rest were opened and discarded on every batch (100 claims: 1.3 s instead
-    of 0.3 s in benchmarks/bench_prepare.py)."""
-    from dra_driver.infra.kubeconfig import api_client
+    of 0.3 s in benchmarks/bench_prepare.py). Its requests, and those of its single-try
+    copies, name the driver in their User-Agent (audit logs tell them apart)."""
+    from dra_driver.infra.kubeconfig import api_client, single_try
     from dra_driver.prepare.reads import CLAIM_READERS
 
     kubeconfig = _kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:1")
-    api = api_client(str(kubeconfig), CLAIM_READERS)
+    api = api_client(str(kubeconfig), CLAIM_READERS, "kubelet-plugin")
     assert api.configuration.connection_pool_maxsize >= CLAIM_READERS
     assert api.rest_client.pool_manager.connection_pool_kw["maxsize"] >= CLAIM_READERS
+    assert re.fullmatch(r"dra-driver/\S+ \(kubelet-plugin\)", api.user_agent)
+    assert single_try(api).user_agent == api.user_agent
 
 
 def test_every_option_has_help_and_shows_its_default(monkeypatch: pytest.MonkeyPatch) -> None:
