@@ -53,7 +53,7 @@ from dra_driver.prepare.claims import ApiClaimReader
 from dra_driver.prepare.orphans import FIRST_SWEEP_AFTER_S, SWEEP_INTERVAL_S, OrphanSweep
 from dra_driver.prepare.preparation import ClaimPreparation
 from dra_driver.prepare.reads import CLAIM_READERS
-from dra_driver.publish.nodeowner import node_owner_uid
+from dra_driver.publish.nodeowner import NodeOwner
 from dra_driver.publish.publisher import SlicePublisher
 from dra_driver.publish.slices import build_slices
 
@@ -366,12 +366,16 @@ class RunningPlugin:
         publisher = SlicePublisher(
             k8s.ResourceV1Api(api), opts.driver_name, opts.node_name, metrics=metrics
         )
+        owner = NodeOwner(api, opts.node_name)
+        wake = state.wake
+
+        def changed(event_type: str) -> None:
+            if event_type == "DELETED":  # the garbage collector's, when the Node went away
+                owner.forget()
+            wake.set()
 
         def desired() -> list[dict[str, object]]:
             state.refresh()
-            # Read every round: a re-registered Node has a new UID, and slices owned by the
-            # old one would be garbage-collected as soon as they are written.
-            node_uid = node_owner_uid(api, opts.node_name)
             inventory, taints = state.published(opts.driver_name)
             return build_slices(
                 inventory,
@@ -379,17 +383,16 @@ class RunningPlugin:
                 opts.driver_name,
                 opts.node_name,
                 enforcement=report.tiers,
-                node_uid=node_uid,
+                node_uid=owner.uid(),  # read once; again after a slice was deleted
                 taints=taints,
             )
 
-        wake = state.wake
         publishing = self._thread(
             "publisher", publisher.run, self.stop, desired, opts.publish_interval, wake
         )
         self._stack.callback(publishing.join, 5)
         self._stack.callback(wake.set)  # released first: wakes the publisher to see the stop
-        self._thread("slice-watch", publisher.watch, self.stop, wake)
+        self._thread("slice-watch", publisher.watch, self.stop, changed)
 
     def _thread(self, name: str, target: Callable[..., object], *args: object) -> threading.Thread:
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)

@@ -1,8 +1,9 @@
-"""The Node that owns this plugin's ResourceSlices: its UID, read before every publishing round
-(a re-registered Node has a new UID, and slices owned by the old one would be garbage-collected
-as soon as they are written)."""
+"""The Node that owns this plugin's ResourceSlices: its UID, read once and again only when the
+slices may have lost their owner (:class:`NodeOwner`)."""
 
 from __future__ import annotations
+
+import threading
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
@@ -41,3 +42,39 @@ def node_owner_uid(api: k8s.ApiClient, node_name: str) -> str:
     if not uid:
         raise PublishError(f"Node {node_name!r} has no UID: not publishing ResourceSlices")
     return str(uid)
+
+
+class NodeOwner:
+    """The Node's UID for the slices' owner reference, read at the first round and cached.
+
+    A re-registered Node (deleted and created again) has a new UID; the garbage collector then
+    deletes the slices owned by the old one, which the slice watch sees as someone else's
+    DELETED: :meth:`forget` is called then, so the next round reads
+    the Node again and writes the slices with the new owner. An idle node reads its Node once.
+
+    Args:
+        api: the API client.
+        node_name: the Node's name.
+    """
+
+    def __init__(self, api: k8s.ApiClient, node_name: str) -> None:
+        self._api = api
+        self._node = node_name
+        self._uid: str | None = None
+        self._lock = threading.Lock()
+
+    def uid(self) -> str:
+        """The Node's UID (cached; read when not known).
+
+        Raises:
+            PublishError: as :func:`node_owner_uid`.
+        """
+        with self._lock:
+            if self._uid is None:
+                self._uid = node_owner_uid(self._api, self._node)
+            return self._uid
+
+    def forget(self) -> None:
+        """Read the UID again at the next :meth:`uid`."""
+        with self._lock:
+            self._uid = None

@@ -4,15 +4,19 @@
 the driver (listed with that field selector; nothing else is ever touched). Each
 :meth:`SlicePublisher.publish` call:
 
-1. lists the existing slices of this node and driver through the official client and turns
-   the client's models into API JSON dicts, once, here;
+1. takes the existing slices of this node and driver from its :class:`SliceCache` (filled and
+   kept current by :meth:`SlicePublisher.watch`, :mod:`dra_driver.publish.slicewatch`), or,
+   when the cache is not current (no watch yet, the watch broken, a write of its own not yet
+   seen in the watch, a retry after a failure), lists them through the official client; the
+   client's models become API JSON dicts, once, here;
 2. asks the pure :func:`dra_driver.publish.slicediff.diff_slices` which writes make them equal the
    desired slices (pool generations, semantic comparison, write order: see that module);
 3. applies those writes in order: creates, replaces (with ``resourceVersion``, so a concurrent
    change is a conflict, not an overwrite) and deletes.
 
 Nothing is written when nothing changed, so a restarted plugin with the same inventory makes no
-write call and never deletes its slices. When the server stores something other than what was
+write call and never deletes its slices, and a round that changes nothing makes no API request
+at all while the watch runs. When the server stores something other than what was
 sent (fields of a disabled feature gate dropped), the server's form is remembered here and
 passed to the diff, so the publisher does not rewrite forever.
 
@@ -34,12 +38,12 @@ from typing import Any, Protocol
 
 import structlog
 import urllib3.exceptions
-from kubernetes import watch as k8s_watch
 from kubernetes.client import V1ResourceSlice
 from kubernetes.client.exceptions import ApiException
 
 from dra_driver.infra.metrics import Metrics
 from dra_driver.model.errors import DriverError
+from dra_driver.publish.slicecache import SliceCache
 from dra_driver.publish.slicediff import (
     SliceWrite,
     check_desired,
@@ -51,6 +55,7 @@ from dra_driver.publish.slicediff import (
 from dra_driver.publish.slicediff import (
     normalize_spec as normalize_spec,  # imported from here by e2e
 )
+from dra_driver.publish.slicewatch import SliceWatch
 
 log = structlog.get_logger(__name__)
 
@@ -181,6 +186,7 @@ class SlicePublisher:
         self.max_backoff = max_backoff
         self.metrics = metrics or Metrics()
         self._server_forms: dict[str, tuple[str, str]] = {}
+        self.cache = SliceCache()
 
     @property
     def field_selector(self) -> str:
@@ -204,7 +210,7 @@ class SlicePublisher:
         while True:
             attempt += 1
             try:
-                result = self._reconcile(desired)
+                result = self._reconcile(desired, fresh=attempt > 1)
             except Exception as exc:
                 if not is_retryable(exc):
                     raise PublishError(f"publishing ResourceSlices failed: {exc}") from exc
@@ -272,26 +278,14 @@ class SlicePublisher:
             if wake is not stop_event:
                 wake.clear()
 
-    def watch(self, stop_event: threading.Event, wake: threading.Event, timeout: int = 60) -> None:
-        """Watch this node's slices of this driver; set ``wake`` when one is deleted or
-        changed by someone else (a kubelet restart wipes them), so :meth:`run` republishes
-        at once instead of after its interval. Reconnects (with a pause) until stopped.
-        """
-        while not stop_event.is_set():
-            try:
-                stream = k8s_watch.Watch().stream(
-                    self._api.list_resource_slice,
-                    field_selector=self.field_selector,
-                    timeout_seconds=timeout,
-                )
-                for event in stream:
-                    if stop_event.is_set():
-                        return
-                    if event["type"] in ("DELETED", "MODIFIED"):
-                        wake.set()
-            except Exception as exc:  # API server away: retry after a pause
-                log.warning("resource slice watch failed; retrying", error=str(exc))
-                stop_event.wait(5.0)
+    def watch(self, stop_event: threading.Event, on_change: Callable[[str], None]) -> None:
+        """Keep :attr:`cache` current until ``stop_event`` (thread target: LIST, then WATCH,
+        :class:`~dra_driver.publish.slicewatch.SliceWatch`); ``on_change`` gets the type of
+        each event that was someone else's change (a kubelet restart wipes the slices), so
+        that :meth:`run` republishes at once instead of after its interval."""
+        SliceWatch(
+            self._api.list_resource_slice, self.field_selector, self.cache, on_change, self._to_dict
+        ).run(stop_event)
 
     # --- internals ------------------------------------------------------------------------
 
@@ -320,7 +314,11 @@ class SlicePublisher:
         result: dict[str, Any] = self._api.api_client.sanitize_for_serialization(model)
         return result
 
-    def _list(self) -> list[Mapping[str, Any]]:
+    def _current(self, fresh: bool) -> list[Mapping[str, Any]]:
+        """The node's slices: the cache's, unless ``fresh`` or the cache is not current."""
+        cached = None if fresh else self.cache.snapshot()
+        if cached is not None:
+            return owned_slices(cached, self.driver, self.node)
         selector = self.field_selector
         response = self._call(
             "list", lambda: self._api.list_resource_slice(field_selector=selector)
@@ -344,7 +342,9 @@ class SlicePublisher:
         name = write.name
         if write.op == "delete":
             delete = self._api.delete_resource_slice
-            self._call("delete", lambda: delete(name=name), ok_statuses=frozenset({404}))
+            gone = self._call("delete", lambda: delete(name=name), ok_statuses=frozenset({404}))
+            if gone is not None:  # None: a 404, already deleted (the watch has its event)
+                self.cache.deleted(name)
             self._server_forms.pop(name, None)
             return
         model = V1ResourceSlice.from_dict(dict(write.body))
@@ -353,10 +353,12 @@ class SlicePublisher:
         else:
             replace = self._api.replace_resource_slice
             stored = self._call("update", lambda: replace(name=name, body=model))
-        self._remember_server_form(write.body, self._to_dict(stored))
+        stored_json = self._to_dict(stored)
+        self.cache.wrote(stored_json)
+        self._remember_server_form(write.body, stored_json)
 
-    def _reconcile(self, desired: Sequence[Mapping[str, Any]]) -> PublishResult:
-        diff = diff_slices(desired, self._list(), self._server_forms)
+    def _reconcile(self, desired: Sequence[Mapping[str, Any]], fresh: bool) -> PublishResult:
+        diff = diff_slices(desired, self._current(fresh), self._server_forms)
         done: dict[str, list[str]] = {"create": [], "update": [], "delete": []}
         for write in diff.writes:
             self._apply(write)
