@@ -63,7 +63,9 @@ e2e: $(STAMP)
 # and the MPS emulator), bench_prepare_under_load,
 # bench_garbage_memory, bench_mps_service. A kubelet-less local control plane of their own
 # (benchlib.local_cluster: hack/local-cluster up, down at the end; its binaries built here
-# first): bench_scheduler (50 and 150 nodes: long on 2 cores), bench_packing, check_modes. A
+# first): bench_scheduler (50 and 150 nodes: long on 2 cores), bench_packing, check_modes,
+# bench_api_requests (the plugin's API requests from the API server's audit log; 10 idle
+# minutes). A
 # local cluster of its own with one real node: bench_pod_start (node prerequisites first).
 CLUSTER_TOOLS := etcd kube-apiserver kube-controller-manager kube-scheduler
 
@@ -77,6 +79,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_scheduler.py
 	$(PY) benchmarks/bench_packing.py
 	$(PY) benchmarks/check_modes.py
+	$(PY) benchmarks/bench_api_requests.py
 	hack/install-node-prereqs
 	$(PY) benchmarks/bench_pod_start.py
 
