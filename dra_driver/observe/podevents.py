@@ -27,11 +27,12 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import structlog
-from kubernetes.client import ApiClient, CoreV1Api, ResourceV1Api
+from kubernetes.client import ApiClient, ResourceV1Api
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from dra_driver.infra.kubeconfig import single_try
+from dra_driver.infra.rawapi import json_request
 from dra_driver.model.plans import ClaimRef
 from dra_driver.model.textlimits import shorten
 
@@ -120,12 +121,12 @@ class EventsApi(Protocol):
 
 
 class ApiEvents:
-    """:class:`EventsApi` over the official client, one try per call."""
+    """:class:`EventsApi` over the official client, one try per call (events through
+    :func:`~dra_driver.infra.rawapi.json_request`)."""
 
     def __init__(self, api_client: ApiClient) -> None:
-        client = single_try(api_client)
-        self._claims = ResourceV1Api(client)
-        self._core = CoreV1Api(client)
+        self._client = single_try(api_client)
+        self._claims = ResourceV1Api(self._client)
 
     def read_claim(self, namespace: str, name: str, timeout: float) -> Mapping[str, Any]:
         resp: Any = self._claims.read_namespaced_resource_claim(
@@ -135,10 +136,7 @@ class ApiEvents:
         return doc
 
     def create_event(self, namespace: str, body: Mapping[str, Any], timeout: float) -> None:
-        raw: Any = dict(body)  # API JSON: the client sends a dict as it is
-        self._core.create_namespaced_event(
-            namespace, raw, _preload_content=False, _request_timeout=timeout
-        )
+        json_request(self._client, "POST", f"/api/v1/namespaces/{namespace}/events", timeout, body)
 
 
 @dataclass(frozen=True)

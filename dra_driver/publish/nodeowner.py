@@ -9,6 +9,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
+from dra_driver.infra.rawapi import json_request
 from dra_driver.publish.publisher import PublishError
 
 
@@ -21,7 +22,7 @@ def node_owner_uid(api: k8s.ApiClient, node_name: str) -> str:
             show a node that does not exist).
     """
     try:
-        node = k8s.CoreV1Api(api).read_node(node_name, _request_timeout=10)
+        node = json_request(api, "GET", f"/api/v1/nodes/{node_name}", timeout=10)
     except ApiException as exc:
         if exc.status == 404:
             raise PublishError(
@@ -38,7 +39,7 @@ def node_owner_uid(api: k8s.ApiClient, node_name: str) -> str:
             f"Node {node_name!r} cannot be read ({' '.join(str(exc).split())}): not publishing "
             "ResourceSlices until it can"
         ) from exc
-    uid = node.metadata.uid if node.metadata else None
+    uid = (node.get("metadata") or {}).get("uid") if isinstance(node, dict) else None
     if not uid:
         raise PublishError(f"Node {node_name!r} has no UID: not publishing ResourceSlices")
     return str(uid)
