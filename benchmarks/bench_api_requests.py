@@ -19,7 +19,9 @@ before it set its own), and the benchmark's own client uses another.
    plugin wrote its ``status.devices``, unprepared; the plugin's requests from the first
    Prepare to the last status write, divided by the claims.
 
-Fleet cost: the idle figure times 5,000 nodes, in requests per second.
+Fleet cost: the idle figure times 5,000 nodes, in requests per second. Memory: the plugin's
+resident set (``VmRSS``) after the idle window and after the claims, against a bare interpreter
+of the same virtualenv measured in the same run.
 
 Run: ``.venv/bin/python benchmarks/bench_api_requests.py [--idle-s 600] [--claims 20]``;
 ``--smoke`` uses 15 s and 2 claims (``make test`` does, numbers not checked). The last line is
@@ -116,6 +118,24 @@ def template() -> dict[str, Any]:
     }
 
 
+def rss_mib(pid: int) -> float:
+    """``VmRSS`` of process ``pid``, MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def bare_interpreter_mib() -> float:
+    """The RSS of a Python of this virtualenv that imports nothing."""
+    bare = subprocess.Popen([sys.executable, "-c", "input()"], stdin=subprocess.PIPE)
+    try:
+        time.sleep(0.5)
+        return rss_mib(bare.pid)
+    finally:
+        bare.communicate(b"\n", timeout=10)
+
+
 def show(title: str, counts: Counter[str], minutes: float) -> None:
     total = sum(counts.values())
     print(f"{title}: {total} requests in {minutes * 60:.0f} s = {total / minutes:.2f}/min")
@@ -165,6 +185,7 @@ def measure(
     start = time.time()
     time.sleep(idle_s)
     end = time.time()
+    rss_started = rss_mib(plugin.pid)
     paths = SocketPaths.for_driver(DEFAULT_DRIVER_NAME, f"{root}/p", f"{root}/r")
     kubelet = kubelet_connect(paths)
     names = [f"pod-{i}" for i in range(claims)]
@@ -203,6 +224,7 @@ def measure(
         )
     time.sleep(2)
     claim_end = time.time()
+    rss_claims = rss_mib(plugin.pid)
     kubelet.channel.close()
     events = audit_events(root / "audit.log")
     minutes = (end - start) / 60
@@ -217,6 +239,11 @@ def measure(
         (claim_end - claim_start) / 60,
     )
     rate = sum(idle.values()) / minutes
+    bare = bare_interpreter_mib()
+    print(
+        f"plugin RSS: {rss_started:.1f} MiB after start, {rss_claims:.1f} MiB after {claims} "
+        f"claims (a bare interpreter: {bare:.1f} MiB)"
+    )
     print(f"api_requests_per_claim: {sum(per_claim.values()) / claims:.2f}")
     print(f"fleet_idle_requests_per_second ({FLEET} nodes): {rate * FLEET / 60:.1f}")
     print(f"idle_requests_per_minute: {rate:.2f}")

@@ -8,13 +8,9 @@ import os
 from typing import TypeAlias
 
 from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.app.kubeletwatch import REGISTRATION_TIMEOUT_S
 from dra_driver.infra import logs
 from dra_driver.infra.budget import DEFAULT_CALL_BUDGET_S, KUBELET_CALL_TIMEOUT_S
-from dra_driver.kubelet.server import DEFAULT_PLUGIN_DIR, DEFAULT_REGISTRY_DIR
-from dra_driver.observe.occupancyusage import PLUGIN_SELECTOR
-from dra_driver.observe.usagesampler import USAGE_INTERVAL_S
-from dra_driver.prepare.orphans import FIRST_SWEEP_AFTER_S, SWEEP_INTERVAL_S
+from dra_driver.model import defaults
 
 DEFAULT_CDI_ROOT = "/var/run/cdi"
 DEFAULT_STATE_DIR = "/var/lib/gpu-fraction-dra"
@@ -140,13 +136,13 @@ def _kubelet_plugin_parser(sub: Subparsers) -> None:
     )
     p.add_argument(
         "--plugin-dir",
-        default=DEFAULT_PLUGIN_DIR,
+        default=defaults.DEFAULT_PLUGIN_DIR,
         help="kubelet plugin directory; the DRA socket goes into <dir>/<driver> (default "
         "%(default)s; change it when the kubelet's --root-dir is not /var/lib/kubelet)",
     )
     p.add_argument(
         "--registry-dir",
-        default=DEFAULT_REGISTRY_DIR,
+        default=defaults.DEFAULT_REGISTRY_DIR,
         help="kubelet plugin registration directory (default %(default)s)",
     )
     p.add_argument(
@@ -256,22 +252,22 @@ def _add_plugin_enforcement(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--orphan-sweep-interval",
         type=float,
-        default=SWEEP_INTERVAL_S,
+        default=defaults.SWEEP_INTERVAL_S,
         help="seconds between two sweeps for prepared claims that will never get their "
         "Unprepare (claim deleted or no longer allocated here, no container of it running); "
         f"0 turns the sweep off (default %(default)g; the first sweep runs "
-        f"{FIRST_SWEEP_AFTER_S:g} s after start, or --orphan-sweep-first)",
+        f"{defaults.FIRST_SWEEP_AFTER_S:g} s after start, or --orphan-sweep-first)",
     )
     p.add_argument(
         "--orphan-sweep-first",
         type=float,
-        default=FIRST_SWEEP_AFTER_S,
+        default=defaults.FIRST_SWEEP_AFTER_S,
         help="seconds after start before the first orphan sweep (default %(default)g)",
     )
     p.add_argument(
         "--registration-timeout",
         type=float,
-        default=REGISTRATION_TIMEOUT_S,
+        default=defaults.REGISTRATION_TIMEOUT_S,
         help="seconds after the registration socket is created without a call from the kubelet "
         "before the plugin reports that the kubelet does not find it (its --root-dir is not "
         "the one of --registry-dir; default %(default)g)",
@@ -279,7 +275,7 @@ def _add_plugin_enforcement(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--usage-interval",
         type=positive_seconds,
-        default=USAGE_INTERVAL_S,
+        default=defaults.USAGE_INTERVAL_S,
         help="seconds between two readings of the fractions' usage (MPS clients, NVML memory "
         "and SM utilization) for the metrics; a scrape reports the last one (default "
         "%(default)g)",
@@ -387,7 +383,7 @@ def _occupancy_parser(sub: Subparsers) -> None:
     )
     p.add_argument(
         "--plugin-selector",
-        default=PLUGIN_SELECTOR,
+        default=defaults.PLUGIN_SELECTOR,
         help="label selector of the kubelet plugin pods (default %(default)s)",
     )
     p.add_argument(

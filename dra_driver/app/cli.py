@@ -1,5 +1,6 @@
 """The ``dra-driver`` command line (also ``python -m dra_driver``): dispatch to the
-subcommands, whose arguments :mod:`dra_driver.app.args` defines."""
+subcommands, whose arguments :mod:`dra_driver.app.args` defines. Each subcommand imports what
+it needs when it runs: ``mps-service`` never loads gRPC or the Kubernetes client."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dra_driver.app.args import build_parser
-from dra_driver.app.readcmds import occupancy_command, print_to_pipe, status_command
 from dra_driver.infra import logs
 from dra_driver.model.errors import DriverError
 
@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logs.configure(args.log_level, args.log_format)
     if args.command == "render-slices":
-        from dra_driver.app.readcmds import render_slices_json
+        from dra_driver.app.readcmds import print_to_pipe, render_slices_json
         from dra_driver.enforce.tiers import detect_enforcement
         from dra_driver.gpus import Inventory
 
@@ -74,8 +74,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return print_to_pipe(text)
     if args.command == "status":
+        from dra_driver.app.readcmds import status_command
+
         return status_command(Path(args.state_dir))
     if args.command == "occupancy":
+        from dra_driver.app.readcmds import occupancy_command
+
         return occupancy_command(
             args.kubeconfig,
             args.driver,

@@ -19,6 +19,7 @@ import structlog
 from prometheus_client import Gauge
 
 from dra_driver.infra.atomicfile import record_state
+from dra_driver.model.defaults import REGISTRATION_TIMEOUT_S
 
 log = structlog.get_logger(__name__)
 
@@ -26,8 +27,6 @@ REGISTRATION_STATE_FILE = "kubelet-registration.json"
 """Under the state directory: ``{"registered": bool, "socket": str, "problem": str | null,
 "since": RFC 3339}``; not registered and no problem: the plugin started less than its
 registration timeout ago."""
-REGISTRATION_TIMEOUT_S = 60.0
-"""Seconds without a ``GetInfo`` after the socket was created before the plugin reports it."""
 REPEAT_S = 600.0
 """Seconds between two repeats of the error while the kubelet still has not called."""
 

@@ -16,7 +16,7 @@ from kubernetes import client as k8s
 from prometheus_client import start_http_server
 
 from dra_driver.app.enforcement import make_enforcer
-from dra_driver.app.kubeletwatch import REGISTRATION_TIMEOUT_S, watch_registration
+from dra_driver.app.kubeletwatch import watch_registration
 from dra_driver.app.nodestate import (
     NodeState,
     PlanCheck,
@@ -40,6 +40,7 @@ from dra_driver.infra.kubeconfig import api_client
 from dra_driver.infra.locking import PrepareLock
 from dra_driver.infra.metrics import Metrics
 from dra_driver.kubelet.server import PluginServer, SocketPaths
+from dra_driver.model import defaults
 from dra_driver.model.plans import ClaimPlan
 from dra_driver.observe.accounting import NoUsage, register_accounting
 from dra_driver.observe.claimstatus import ClientsCondition
@@ -47,10 +48,10 @@ from dra_driver.observe.claimstatuswriter import ClaimStatusWriter
 from dra_driver.observe.consumers import ClaimConsumers, ConsumerWatch
 from dra_driver.observe.mpsoutages import MpsOutageReport, event_on_terminations
 from dra_driver.observe.podevents import PodEvents
-from dra_driver.observe.usagesampler import USAGE_INTERVAL_S, UsageSampler
+from dra_driver.observe.usagesampler import UsageSampler
 from dra_driver.prepare.checkpoint import read_boot_id
 from dra_driver.prepare.claims import ApiClaimReader
-from dra_driver.prepare.orphans import FIRST_SWEEP_AFTER_S, SWEEP_INTERVAL_S, OrphanSweep
+from dra_driver.prepare.orphans import OrphanSweep
 from dra_driver.prepare.preparation import ClaimPreparation
 from dra_driver.prepare.reads import CLAIM_READERS
 from dra_driver.publish.nodeowner import NodeOwner
@@ -78,10 +79,10 @@ class PluginOptions:
     metrics_bind_address: str = "127.0.0.1"
     publish_interval: float = 30.0
     health_interval: float = 20.0
-    orphan_sweep_interval: float = SWEEP_INTERVAL_S
-    orphan_sweep_first: float = FIRST_SWEEP_AFTER_S
-    registration_timeout: float = REGISTRATION_TIMEOUT_S
-    usage_interval: float = USAGE_INTERVAL_S
+    orphan_sweep_interval: float = defaults.SWEEP_INTERVAL_S
+    orphan_sweep_first: float = defaults.FIRST_SWEEP_AFTER_S
+    registration_timeout: float = defaults.REGISTRATION_TIMEOUT_S
+    usage_interval: float = defaults.USAGE_INTERVAL_S
     call_budget: float = DEFAULT_CALL_BUDGET_S
     claim_device_status: bool = True
     mps: MpsOptions = field(default_factory=MpsOptions)
@@ -367,12 +368,11 @@ class RunningPlugin:
             k8s.ResourceV1Api(api), opts.driver_name, opts.node_name, metrics=metrics
         )
         owner = NodeOwner(api, opts.node_name)
-        wake = state.wake
 
         def changed(event_type: str) -> None:
             if event_type == "DELETED":  # the garbage collector's, when the Node went away
                 owner.forget()
-            wake.set()
+            state.wake.set()
 
         def desired() -> list[dict[str, object]]:
             state.refresh()
@@ -388,10 +388,10 @@ class RunningPlugin:
             )
 
         publishing = self._thread(
-            "publisher", publisher.run, self.stop, desired, opts.publish_interval, wake
+            "publisher", publisher.run, self.stop, desired, opts.publish_interval, state.wake
         )
         self._stack.callback(publishing.join, 5)
-        self._stack.callback(wake.set)  # released first: wakes the publisher to see the stop
+        self._stack.callback(state.wake.set)  # released first: wakes the publisher to see the stop
         self._thread("slice-watch", publisher.watch, self.stop, changed)
 
     def _thread(self, name: str, target: Callable[..., object], *args: object) -> threading.Thread:

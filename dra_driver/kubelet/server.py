@@ -42,8 +42,6 @@ from dra_driver.prepare.preparation import ClaimPreparation
 
 log = structlog.get_logger(__name__)
 
-DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/plugins"
-DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 DRA_WORKERS = 8
 """Threads of the DRA server for Prepare/Unprepare (health streams get their own on top)."""
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024

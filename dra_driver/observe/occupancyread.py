@@ -17,8 +17,9 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.config import ConfigException
 
+from dra_driver.model.defaults import PLUGIN_SELECTOR
 from dra_driver.observe.occupancy import Cluster, Json
-from dra_driver.observe.occupancyusage import PLUGIN_SELECTOR, ClaimUse, metrics_port, parse_metrics
+from dra_driver.observe.occupancyusage import ClaimUse, metrics_port, parse_metrics
 
 PAGE = 500
 """Objects per list call (the API server pages with ``continue`` tokens)."""

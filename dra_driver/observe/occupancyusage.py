@@ -19,8 +19,6 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-PLUGIN_SELECTOR = "app.kubernetes.io/component=kubelet-plugin"
-"""Label selector of the kubelet plugin pods (the chart's DaemonSet labels them so)."""
 IDLE_NOTE_S = 1800.0
 """Idle seconds from which NOTE says ``idle``."""
 

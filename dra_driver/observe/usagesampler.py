@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from dra_driver.model.defaults import USAGE_INTERVAL_S
 from dra_driver.model.plans import ClaimPlan
 from dra_driver.observe.accounting import (
     FractionRow,
@@ -28,8 +29,6 @@ from dra_driver.observe.accounting import (
 
 log = structlog.get_logger(__name__)
 
-USAGE_INTERVAL_S = 15.0
-"""Default seconds between usage samples (NVML and ``client list`` at most this often)."""
 IDLE_WARN_S = 1800.0
 """Default seconds a fraction may stay idle before the plugin warns about it."""
 STALE_INTERVALS = 3

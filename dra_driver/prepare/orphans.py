@@ -45,13 +45,6 @@ from dra_driver.prepare.claims import ClaimNotFound, ClaimReader
 
 log = structlog.get_logger(__name__)
 
-FIRST_SWEEP_AFTER_S = 60.0
-"""Seconds after start before the first sweep: the kubelet re-sends the Unprepare calls it still
-owes a restarted plugin within this time, and those need no sweep."""
-
-SWEEP_INTERVAL_S = 600.0
-"""Seconds between two sweeps that found no orphan (``--orphan-sweep-interval``)."""
-
 CONFIRM_AFTER_S = 30.0
 """Seconds between the sweep that first finds an orphan and the one that releases it."""
 
