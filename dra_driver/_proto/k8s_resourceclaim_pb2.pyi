@@ -62,9 +62,72 @@ class AllocationResult(_message.Message):
     __slots__ = ("devices", "nodeSelector")
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     NODESELECTOR_FIELD_NUMBER: _ClassVar[int]
-    devices: bytes
+    devices: DeviceAllocationResult
     nodeSelector: NodeSelector
-    def __init__(self, devices: _Optional[bytes] = ..., nodeSelector: _Optional[_Union[NodeSelector, _Mapping]] = ...) -> None: ...
+    def __init__(self, devices: _Optional[_Union[DeviceAllocationResult, _Mapping]] = ..., nodeSelector: _Optional[_Union[NodeSelector, _Mapping]] = ...) -> None: ...
+
+class DeviceAllocationResult(_message.Message):
+    __slots__ = ("results", "config")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[DeviceRequestAllocationResult]
+    config: _containers.RepeatedCompositeFieldContainer[DeviceAllocationConfiguration]
+    def __init__(self, results: _Optional[_Iterable[_Union[DeviceRequestAllocationResult, _Mapping]]] = ..., config: _Optional[_Iterable[_Union[DeviceAllocationConfiguration, _Mapping]]] = ...) -> None: ...
+
+class DeviceRequestAllocationResult(_message.Message):
+    __slots__ = ("request", "driver", "pool", "device", "adminAccess", "shareID", "consumedCapacity")
+    class ConsumedCapacityEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Quantity
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Quantity, _Mapping]] = ...) -> None: ...
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    ADMINACCESS_FIELD_NUMBER: _ClassVar[int]
+    SHAREID_FIELD_NUMBER: _ClassVar[int]
+    CONSUMEDCAPACITY_FIELD_NUMBER: _ClassVar[int]
+    request: str
+    driver: str
+    pool: str
+    device: str
+    adminAccess: bool
+    shareID: str
+    consumedCapacity: _containers.MessageMap[str, Quantity]
+    def __init__(self, request: _Optional[str] = ..., driver: _Optional[str] = ..., pool: _Optional[str] = ..., device: _Optional[str] = ..., adminAccess: _Optional[bool] = ..., shareID: _Optional[str] = ..., consumedCapacity: _Optional[_Mapping[str, Quantity]] = ...) -> None: ...
+
+class Quantity(_message.Message):
+    __slots__ = ("string",)
+    STRING_FIELD_NUMBER: _ClassVar[int]
+    string: str
+    def __init__(self, string: _Optional[str] = ...) -> None: ...
+
+class DeviceAllocationConfiguration(_message.Message):
+    __slots__ = ("source", "requests", "deviceConfiguration")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    DEVICECONFIGURATION_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    requests: _containers.RepeatedScalarFieldContainer[str]
+    deviceConfiguration: DeviceConfiguration
+    def __init__(self, source: _Optional[str] = ..., requests: _Optional[_Iterable[str]] = ..., deviceConfiguration: _Optional[_Union[DeviceConfiguration, _Mapping]] = ...) -> None: ...
+
+class DeviceConfiguration(_message.Message):
+    __slots__ = ("opaque",)
+    OPAQUE_FIELD_NUMBER: _ClassVar[int]
+    opaque: OpaqueDeviceConfiguration
+    def __init__(self, opaque: _Optional[_Union[OpaqueDeviceConfiguration, _Mapping]] = ...) -> None: ...
+
+class OpaqueDeviceConfiguration(_message.Message):
+    __slots__ = ("driver", "parameters")
+    DRIVER_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    driver: str
+    parameters: RawExtension
+    def __init__(self, driver: _Optional[str] = ..., parameters: _Optional[_Union[RawExtension, _Mapping]] = ...) -> None: ...
 
 class NodeSelector(_message.Message):
     __slots__ = ("nodeSelectorTerms",)

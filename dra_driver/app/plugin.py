@@ -41,11 +41,9 @@ from dra_driver.infra.locking import PrepareLock
 from dra_driver.infra.metrics import Metrics
 from dra_driver.kubelet.server import PluginServer, SocketPaths
 from dra_driver.model import defaults
-from dra_driver.model.plans import ClaimPlan
 from dra_driver.observe.accounting import NoUsage, register_accounting
-from dra_driver.observe.claimstatus import ClientsCondition
 from dra_driver.observe.claimstatuswriter import ClaimStatusWriter
-from dra_driver.observe.consumers import ClaimConsumers, ConsumerWatch
+from dra_driver.observe.consumers import ConsumerWatch
 from dra_driver.observe.mpsoutages import MpsOutageReport, event_on_terminations
 from dra_driver.observe.podevents import PodEvents
 from dra_driver.observe.usagesampler import UsageSampler
@@ -277,9 +275,7 @@ class RunningPlugin:
         consumer watch and the MPS outage report (events, condition, metric), started; returns
         the ClaimPreparation."""
         opts = node.opts
-        on_prepared = None
-        on_consumers: Callable[[ClaimPlan, ClaimConsumers], None] | None = None
-        on_clients: Callable[[ClaimPlan, ClientsCondition], None] | None = None
+        writer: ClaimStatusWriter | None = None
         if opts.claim_device_status:
             writer = ClaimStatusWriter.of(
                 api,
@@ -290,15 +286,10 @@ class RunningPlugin:
                 opts.mps.default_active_thread_percentage,
             )
             self._thread("claim-status", writer.run, self.stop)
-            on_prepared, on_consumers, on_clients = (
-                writer.submit,
-                writer.observe,
-                writer.flag_clients,
-            )
         preparation = ClaimPreparation(
             driver_name=opts.driver_name,
             pool=opts.node_name,
-            reader=ApiClaimReader(api),
+            reader=ApiClaimReader(api, writer.remember if writer else None),
             devices=node.state.devices,
             enforcer=enforcer,
             cdi_root=opts.cdi_root,
@@ -309,7 +300,7 @@ class RunningPlugin:
             device_root=node.device_root,
             call_budget=opts.call_budget,
             device_root_view=node.device_root_view,
-            on_prepared=on_prepared,
+            on_prepared=writer.submit if writer else None,
             caps=CapPolicy(node.config.claim_limits, opts.mps.default_active_thread_percentage),
             node_problem=lambda: node.state.driver_problem,
         )
@@ -328,12 +319,14 @@ class RunningPlugin:
             self.stop,
             opts.registration_timeout,
         )
-        watch = ConsumerWatch(Path(opts.mps.user_record_root), on_consumers)
+        watch = ConsumerWatch(Path(opts.mps.user_record_root), writer.observe if writer else None)
         checks: dict[str, PlanCheck] = {"consumers": watch.check}
         if isinstance(enforcer, MpsEnforcer):
             events = PodEvents.of(api, opts.driver_name, opts.node_name)
             self._thread("pod-events", events.run, self.stop)
-            outages = MpsOutageReport(events, metrics, watch.running_before, on_clients)
+            outages = MpsOutageReport(
+                events, metrics, watch.running_before, writer.flag_clients if writer else None
+            )
             enforcer.report_outages(outages.report)
             enforcer.report_terminations(event_on_terminations(events))
             checks["mps-outages"] = outages.check

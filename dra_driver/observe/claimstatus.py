@@ -26,7 +26,7 @@ also gets ``NonRootClients=False`` once a container of the claim runs as root, a
 (:mod:`dra_driver.observe.mpsoutages`): ``False`` while containers that ran before are still
 running (they lost their MPS connection), ``True`` again once they were all restarted.
 
-The entries go into the claim as read (:func:`dra_driver.observe.claimwire.with_devices`):
+The entries go into the claim as read (:func:`dra_driver.prepare.claimwire.with_devices`):
 other drivers' entries of the same claim are left alone (the list is a map keyed by driver,
 pool, device and share ID).
 Limits from the v1 API: at most 32 conditions per entry and 10 KiB of ``data``

@@ -1,9 +1,10 @@
 """Writing prepared claims' ``status.devices`` (see :mod:`dra_driver.observe.claimstatus`) in the
 background, so Prepare never waits on it.
 
-For each submitted claim the writer reads the claim, checks it is still the claim prepared
-(same UID) and allocated on this node (the plugin never writes another node's claim; the API
-server would refuse it too, with ``associated-node`` authorization), skips the write when the
+For each submitted claim the writer takes the claim as Prepare read it (once; else it reads the
+claim), checks it is still the claim prepared (same UID) and allocated on this node (the plugin
+never writes another node's claim; the API server would refuse it too, with
+``associated-node`` authorization), skips the write when the
 entries are already there (so a plugin restart re-submitting its prepared claims costs one read
 each), and otherwise updates the claim's ``status`` with them (PUT, guarded by the
 ``resourceVersion`` read; a conflict re-reads).
@@ -16,7 +17,7 @@ own way (the Python client's spaces, another key order, unescaped ``&<>``) every
 patch or server-side apply of the status fails with 422 ``status.allocation: field cannot be
 modified once set`` (seen on Kubernetes 1.37.2, also for the parameters a DeviceClass's config
 copies into the allocation). The protobuf encoding carries them as stored
-(:mod:`dra_driver.observe.claimwire`).
+(:mod:`dra_driver.prepare.claimwire`).
 
 Permissions (Kubernetes >= 1.36 granular status authorization): ``update`` on
 ``resourceclaims/status`` and ``associated-node:update`` on ``resourceclaims/driver`` with
@@ -37,17 +38,14 @@ from typing import Any, Protocol
 import structlog
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
-from urllib3 import Timeout
 from urllib3.exceptions import HTTPError
 
 from dra_driver._proto import k8s_resourceclaim_pb2 as pb
 from dra_driver.enforce.tiers import EnforcementReport
-from dra_driver.infra.kubeconfig import single_try
 from dra_driver.infra.metrics import Metrics
 from dra_driver.model.plans import ClaimPlan
 from dra_driver.model.textlimits import shorten
 from dra_driver.model.vocabulary import Tier
-from dra_driver.observe import claimwire
 from dra_driver.observe.claimstatus import (
     ClientsCondition,
     Enforcement,
@@ -56,8 +54,13 @@ from dra_driver.observe.claimstatus import (
     device_entries,
 )
 from dra_driver.observe.consumers import ClaimConsumers
+from dra_driver.prepare import claimwire
+from dra_driver.prepare.claims import ClaimWire
 
 log = structlog.get_logger(__name__)
+
+REMEMBERED = 1024
+"""Claims read by Prepare kept for their first status write (:meth:`ClaimStatusWriter.remember`)."""
 
 RBAC_HINT = (
     "grant the plugin's service account update on resourceclaims/status and "
@@ -68,7 +71,7 @@ RBAC_HINT = (
 
 class ClaimStatusApi(Protocol):
     """Reads a claim and updates its status (protobuf messages,
-    :mod:`dra_driver.observe.claimwire`)."""
+    :mod:`dra_driver.prepare.claimwire`)."""
 
     def read(self, namespace: str, name: str, timeout: float) -> pb.ResourceClaim:
         """The claim.
@@ -98,38 +101,19 @@ class ApiClaimStatus:
     JSON, so their messages can be logged)."""
 
     def __init__(self, api_client: ApiClient) -> None:
-        self._client = single_try(api_client)
-
-    def _request(self, method: str, namespace: str, name: str, timeout: float, **kw: Any) -> bytes:
-        config = self._client.configuration
-        path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
-        headers = {"Accept": claimwire.CONTENT_TYPE}
-        if method == "PUT":
-            path += "/status"
-            headers = {"Content-Type": claimwire.CONTENT_TYPE, "Accept": "application/json"}
-        for auth in config.auth_settings().values():  # the client's own bearer token header
-            headers[auth["key"]] = str(auth["value"])
-        headers["User-Agent"] = self._client.user_agent
-        resp = self._client.rest_client.pool_manager.request(
-            method,
-            f"{config.host}{path}",
-            headers=headers,
-            timeout=Timeout(total=timeout),
-            retries=False,
-            **kw,
-        )
-        if resp.status >= 400:
-            raise ApiException(http_resp=resp)
-        data: bytes = resp.data
-        return data
+        self._wire = ClaimWire(api_client)
 
     def read(self, namespace: str, name: str, timeout: float) -> pb.ResourceClaim:
         """GET the claim in protobuf."""
-        return claimwire.decode(self._request("GET", namespace, name, timeout))
+        headers = {"Accept": claimwire.CONTENT_TYPE}
+        path = ClaimWire.path(namespace, name)
+        return claimwire.decode(self._wire.request("GET", path, headers, timeout).data)
 
     def replace(self, namespace: str, name: str, claim: pb.ResourceClaim, timeout: float) -> None:
         """PUT ``claim`` to the status subresource in protobuf."""
-        self._request("PUT", namespace, name, timeout, body=claimwire.encode(claim))
+        headers = {"Content-Type": claimwire.CONTENT_TYPE, "Accept": "application/json"}
+        path = ClaimWire.path(namespace, name) + "/status"
+        self._wire.request("PUT", path, headers, timeout, claimwire.encode(claim))
 
 
 def _now() -> str:
@@ -213,6 +197,8 @@ class ClaimStatusWriter:
         self._root: set[str] = set()
         self._consumers: dict[str, tuple[str, ...]] = {}
         self._clients: dict[str, ClientsCondition] = {}
+        self._read: dict[str, pb.ResourceClaim] = {}
+        self._read_lock = threading.Lock()
 
     @classmethod
     def of(
@@ -235,6 +221,22 @@ class ClaimStatusWriter:
     def submit(self, plan: ClaimPlan) -> None:
         """Queue ``plan``'s claim for a status write (returns at once)."""
         self._queue.put(plan)
+
+    def remember(self, message: pb.ResourceClaim) -> None:
+        """A claim as Prepare just read it: its first write updates it from this message
+        instead of reading it again (one API request per claim fewer). A claim changed since
+        (another pod reserved it) makes that update a 409 conflict, and the retry reads it.
+        At most :data:`REMEMBERED` claims are kept (those of failed Prepares are dropped
+        oldest first)."""
+        with self._read_lock:
+            self._read.pop(message.metadata.uid, None)
+            self._read[message.metadata.uid] = message
+            while len(self._read) > REMEMBERED:
+                del self._read[next(iter(self._read))]
+
+    def _take(self, uid: str) -> pb.ResourceClaim | None:
+        with self._read_lock:
+            return self._read.pop(uid, None)
 
     def observe(self, plan: ClaimPlan, consumers: ClaimConsumers) -> None:
         """``plan``'s claim has other running consumers, or a container that runs as root
@@ -303,8 +305,10 @@ class ClaimStatusWriter:
 
     def _write_once(self, plan: ClaimPlan, bound: Any) -> str:
         ref = plan.claim
+        message = self._take(ref.uid)
         try:
-            message = self.api.read(ref.namespace, ref.name, self.timeout)
+            if message is None:
+                message = self.api.read(ref.namespace, ref.name, self.timeout)
         except ApiException as exc:
             if exc.status == 404:
                 bound.info("claim gone before its device status was written")

@@ -26,7 +26,7 @@ from plugin_fixtures import (  # noqa: E402
 
 from dra_driver.observe.claimstatus import CONDITION_TYPE  # noqa: E402
 from dra_driver.observe.claimstatuswriter import ApiClaimStatus  # noqa: E402
-from dra_driver.observe.claimwire import with_devices  # noqa: E402
+from dra_driver.prepare.claimwire import with_devices  # noqa: E402
 from tests.support.k8sschema import validate  # noqa: E402
 
 pytestmark = pytest.mark.e2e

@@ -13,13 +13,14 @@ import json
 import re
 import threading
 from collections import Counter
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 
 from kubernetes import client as k8s
 
 from dra_driver._proto import k8s_resourceclaim_pb2 as pb
-from dra_driver.observe import claimwire
+from dra_driver.prepare import claimwire
 from dra_driver.prepare.reads import CLAIM_READERS
 
 _CLAIM_PATH = re.compile(r"^/apis/resource\.k8s\.io/v1/namespaces/([^/]+)/resourceclaims/([^/?]+)")
@@ -188,16 +189,16 @@ _STATUS_PATH = re.compile(
 
 class ClaimStatusServer(ClaimServer):
     """A :class:`ClaimServer` that also speaks the API server's protobuf for claims, as the
-    claim status writer uses it (:mod:`dra_driver.observe.claimwire`): a GET asking for
+    claim status writer uses it (:mod:`dra_driver.prepare.claimwire`): a GET asking for
     protobuf gets the claim encoded, and ``PUT .../resourceclaims/<name>/status`` takes an
     update in protobuf. As the API server does, it refuses with 409 an update whose
     ``metadata.uid`` or ``resourceVersion`` differs from the stored claim's, and with 422 and
     the API server's message one whose ``status.allocation`` bytes differ from those stored:
-    the allocation as its creator sent it (:meth:`add`'s ``sent``: by default a Go client's
-    compact JSON), which a JSON client could not send back unchanged. Else the update's
-    ``status.devices`` are stored and the resourceVersion bumped. ``updates`` records the raw
-    body of each PUT; ``update_failures`` lists HTTP statuses (or ``(status, message)``) to
-    answer the next PUTs with, one each."""
+    the allocation as its creator sent it (:meth:`add`'s ``client``: by default a Go client's
+    compact JSON for opaque parameters), which a JSON client could not send back unchanged.
+    Else the update's ``status.devices`` are stored and the resourceVersion bumped.
+    ``updates`` records the raw body of each PUT; ``update_failures`` lists HTTP statuses (or
+    ``(status, message)``) to answer the next PUTs with, one each."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -205,24 +206,17 @@ class ClaimStatusServer(ClaimServer):
         self.update_failures: list[int | tuple[int, str]] = []
         self.allocations: dict[tuple[str, str], bytes] = {}
 
-    def add(self, claim: dict[str, Any], sent: bytes | None = None) -> None:
-        """Store ``claim``; ``sent``: the bytes its creator sent for
-        ``status.allocation.devices`` (default: compact JSON, keys as given)."""
+    def add(self, claim: dict[str, Any], client: Callable[[Any], str] | None = None) -> None:
+        """Store ``claim``; ``client``: how its creator's client wrote each opaque
+        configuration's ``parameters`` as JSON (default: compact, keys as given, as Go's
+        encoding/json), the bytes the API server keeps and serves in protobuf."""
         claim["metadata"].setdefault("resourceVersion", "1")
         super().add(claim)
         meta = claim["metadata"]
         allocation = (claim.get("status") or {}).get("allocation")
         if allocation is None:
             return
-        message = pb.AllocationResult(devices=sent or _compact(allocation.get("devices") or {}))
-        terms = (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []
-        for t in terms:
-            term = message.nodeSelector.nodeSelectorTerms.add()
-            for kind in ("matchExpressions", "matchFields"):
-                for r in t.get(kind) or []:
-                    getattr(term, kind).add(
-                        key=r["key"], operator=r["operator"], values=r.get("values") or []
-                    )
+        message = _allocation_message(allocation, client or _compact)
         self.allocations[(meta["namespace"], meta["name"])] = message.SerializeToString()
 
     def encoded(self, key: tuple[str, str]) -> bytes:
@@ -274,5 +268,37 @@ class ClaimStatusServer(ClaimServer):
         return 200, stored
 
 
-def _compact(doc: Any) -> bytes:
-    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+def _compact(doc: Any) -> str:
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+
+
+def _allocation_message(allocation: dict[str, Any], client: Callable[[Any], str]) -> Any:
+    """``status.allocation`` (API JSON) as the API server's protobuf ``AllocationResult``,
+    the opaque parameters written by ``client``."""
+    message = pb.AllocationResult()
+    devices = allocation.get("devices") or {}
+    for r in devices.get("results") or []:
+        result = message.devices.results.add(
+            request=r["request"], driver=r["driver"], pool=r["pool"], device=r["device"]
+        )
+        if "adminAccess" in r:
+            result.adminAccess = r["adminAccess"]
+        if "shareID" in r:
+            result.shareID = r["shareID"]
+        for name, quantity in (r.get("consumedCapacity") or {}).items():
+            result.consumedCapacity[name].string = quantity
+    for c in devices.get("config") or []:
+        config = message.devices.config.add(source=c["source"], requests=c.get("requests") or [])
+        if "opaque" in c:
+            opaque = config.deviceConfiguration.opaque
+            opaque.driver = c["opaque"]["driver"]
+            opaque.parameters.raw = client(c["opaque"]["parameters"]).encode()
+    terms = (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []
+    for t in terms:
+        term = message.nodeSelector.nodeSelectorTerms.add()
+        for kind in ("matchExpressions", "matchFields"):
+            for req in t.get(kind) or []:
+                getattr(term, kind).add(
+                    key=req["key"], operator=req["operator"], values=req.get("values") or []
+                )
+    return message

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver import DEFAULT_DRIVER_NAME
+from dra_driver._proto import k8s_resourceclaim_pb2 as pb
 from dra_driver.config.node import DEFAULT_PRODUCTS, NodeConfig, default_node_config
 from dra_driver.enforce import FractionEnforcer, RecordingEnforcer
 from dra_driver.gpus import SimulatedGpuSource, simnode
@@ -65,12 +66,17 @@ class Node(NodeDirs):
         enforcer: FractionEnforcer | None = None,
         startup_budget: float = STARTUP_BUDGET_S,
         on_prepared: Callable[[ClaimPlan], None] | None = None,
+        claims: ClaimServer | None = None,
+        on_read: Callable[[pb.ResourceClaim], None] | None = None,
     ) -> ClaimPreparation:
-        """A started ClaimPreparation for this node (its own enforcer unless one is given)."""
+        """A started ClaimPreparation for this node (its own enforcer unless one is given),
+        reading claims from its claim server (or ``claims``; ``on_read``: as
+        :class:`ApiClaimReader`'s)."""
+        server = claims or self.claims
         d = ClaimPreparation(
             driver_name=DEFAULT_DRIVER_NAME,
             pool=NODE,
-            reader=ApiClaimReader(self.claims.api_client()),
+            reader=ApiClaimReader(server.api_client(), on_read),
             devices=lambda: self.devices,
             enforcer=enforcer or self.enforcer,
             cdi_root=self.cdi_root,

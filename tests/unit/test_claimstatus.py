@@ -7,6 +7,7 @@ import copy
 import json
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,8 +25,8 @@ from dra_driver.observe.claimstatus import (
     already_written,
     device_entries,
 )
-from dra_driver.observe.claimstatuswriter import ApiClaimStatus, ClaimStatusWriter
-from dra_driver.observe.claimwire import decode, device_json, device_message, with_devices
+from dra_driver.observe.claimstatuswriter import REMEMBERED, ApiClaimStatus, ClaimStatusWriter
+from dra_driver.prepare.claimwire import decode, device_json, device_message, view, with_devices
 from tests.support import claimfactory as cf
 from tests.support.apiserver_stub import ALLOCATION_MODIFIED, ClaimStatusServer
 from tests.support.k8sschema import validate
@@ -281,7 +282,7 @@ def test_a_claim_any_client_wrote_gets_its_status(
     local control plane; an e2e test then timed out on a claim condition never written)."""
     claim = cf.on_node(cf.claim([node.share(1, "quarter")], [OTHER_DRIVER_CONFIG]), NODE)
     (plan,) = prepared(node, [copy.deepcopy(claim)])
-    api.add(claim, sent=client(claim["status"]["allocation"]["devices"]).encode())
+    api.add(claim, client=client)
     assert writer(api, plan).write(plan) == "written"
     assert entry(stored(api, claim)["status"]["devices"])["data"]["computeMode"]
 
@@ -441,3 +442,73 @@ def test_on_prepared_gets_each_recorded_claim_and_recorded_claims_at_start(node:
     again: list[ClaimPlan] = []
     node.preparation(on_prepared=again.append).close()
     assert [p.claim.uid for p in again] == [good["metadata"]["uid"]]
+
+
+def test_prepare_reads_protobuf_and_the_first_write_reads_nothing(
+    node: Node, api: ClaimStatusServer
+) -> None:
+    """Issue 28: a claim cost three API requests (Prepare's GET, the writer's GET, the status
+    PUT). Prepare now reads it in protobuf and hands the message to the writer: two."""
+    configs = [cf.opaque(computeMode=str(ComputeMode.TIME_SLICING))]
+    claim = cf.on_node(cf.claim([node.share(1, "quarter")], configs), NODE)
+    api.add(claim, client=json.dumps)  # the Python client's spaces, kept as sent
+    plans: list[ClaimPlan] = []
+    read: list[pb.ResourceClaim] = []
+    preparation = node.preparation(on_prepared=plans.append, claims=api, on_read=read.append)
+    assert not preparation.prepare([ref(claim)])[claim["metadata"]["uid"]].error
+    preparation.close()
+    assert api.gets[(claim["metadata"]["namespace"], claim["metadata"]["name"])] == 1
+    (plan,) = plans
+    (message,) = read
+    w = writer(api, plan)
+    w.remember(message)
+    assert w.write(plan) == "written"
+    assert api.gets[(claim["metadata"]["namespace"], claim["metadata"]["name"])] == 1
+    (sent,) = api.updates
+    stored_bytes = api.allocations[(claim["metadata"]["namespace"], claim["metadata"]["name"])]
+    assert decode(sent).status.allocation == stored_bytes
+    assert w.write(plan) == "unchanged"  # nothing remembered any more: read
+
+
+def test_a_claim_changed_since_prepare_read_it_is_read_again(
+    node: Node, api: ClaimStatusServer
+) -> None:
+    claim, plan = served_plan(node, api)
+    key = (claim["metadata"]["namespace"], claim["metadata"]["name"])
+    w = writer(api, plan)
+    w.remember(decode(api.encoded(key)))
+    stored(api, claim)["metadata"]["resourceVersion"] = "7"  # another pod reserved it since
+    assert w.write(plan) == "written"
+    assert api.gets[key] == 1 and len(api.updates) == 2  # a 409, then read and written
+
+
+def test_claims_remembered_are_bounded(node: Node, api: ClaimStatusServer) -> None:
+    _, plan = served_plan(node, api)
+    w = writer(api, plan)
+    for i in range(REMEMBERED + 5):
+        w.remember(pb.ResourceClaim(metadata=pb.ObjectMeta(uid=f"uid-{i}")))
+    assert len(w._read) == REMEMBERED and "uid-0" not in w._read
+
+
+def test_the_protobuf_view_is_the_allocation_prepare_plans_from() -> None:
+    """What a claim's allocation looks like read in protobuf and viewed as API JSON equals its
+    JSON, for every field Prepare reads (results with share IDs, consumed capacity and admin
+    access; configs of ours and another driver's, with and without requests)."""
+    results = [
+        cf.result("gpu-0", NODE, request="a", share_id=str(uuid.uuid4()), slots="2"),
+        cf.result("gpu-1", NODE, request="b/c", share_id=str(uuid.uuid4()), memory="1536Mi"),
+        {**cf.result("gpu-2", NODE, request="d"), "adminAccess": True},
+    ]
+    configs = [
+        cf.opaque(requests=["a"], computeMode="sm-sharing"),
+        {**OTHER_DRIVER_CONFIG, "source": "FromClass"},
+    ]
+    claim = cf.on_node(cf.claim(results, configs), NODE)
+    with ClaimStatusServer() as server:
+        server.add(claim, client=json.dumps)
+        message = decode(
+            server.encoded((claim["metadata"]["namespace"], claim["metadata"]["name"]))
+        )
+    got = view(message)
+    assert got["metadata"]["uid"] == claim["metadata"]["uid"]
+    assert got["status"]["allocation"]["devices"] == claim["status"]["allocation"]["devices"]

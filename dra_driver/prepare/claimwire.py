@@ -12,9 +12,13 @@ protobuf encoding carries the bytes as stored, so the writer reads and updates c
 (``proto/k8s_resourceclaim.proto``: the few messages and fields needed, with the field numbers
 of k8s.io/api v0.37.2; everything else passes through as encoded bytes or unknown fields).
 
+Prepare reads claims in it too (:class:`~dra_driver.prepare.claims.ApiClaimReader`), so that the
+writer can update a claim from the message Prepare read, without reading it again.
+
 Shapes: :func:`decode` takes a response body (``k8s\\0`` + ``runtime.Unknown``) and returns the
-claim message; :func:`view` gives the JSON-shaped parts the writer decides on
-(``{"metadata": {"uid": str}, "status": {"allocation"?: {"nodeSelector": {...}},
+claim message; :func:`view` gives the JSON-shaped parts Prepare plans from and the writer
+decides on (``{"metadata": {"name", "namespace", "uid", "resourceVersion"}, "status":
+{"allocation"?: {"devices": {"results": [...], "config": [...]}, "nodeSelector": {...}},
 "devices": [AllocatedDeviceStatus as API JSON]}}``); :func:`with_devices` and :func:`encode`
 build the update body.
 """
@@ -144,19 +148,54 @@ def _selector_json(s: pb.NodeSelector) -> dict[str, Any]:
     }
 
 
+def _result_json(r: pb.DeviceRequestAllocationResult) -> dict[str, Any]:
+    out: dict[str, Any] = {"request": r.request, "driver": r.driver, "pool": r.pool}
+    out["device"] = r.device
+    if r.HasField("adminAccess"):
+        out["adminAccess"] = r.adminAccess
+    if r.HasField("shareID"):
+        out["shareID"] = r.shareID
+    if r.consumedCapacity:
+        out["consumedCapacity"] = {k: q.string for k, q in sorted(r.consumedCapacity.items())}
+    return out
+
+
+def _config_json(c: pb.DeviceAllocationConfiguration) -> dict[str, Any]:
+    out: dict[str, Any] = {"source": c.source}
+    if c.requests:
+        out["requests"] = list(c.requests)
+    if c.deviceConfiguration.HasField("opaque"):
+        opaque = c.deviceConfiguration.opaque
+        out["opaque"] = {"driver": opaque.driver, "parameters": json.loads(opaque.parameters.raw)}
+    return out
+
+
+def _allocation_json(a: pb.AllocationResult) -> dict[str, Any]:
+    """``status.allocation`` as API JSON: the devices' results and configs (the fields
+    :mod:`dra_driver.prepare.allocation` reads, each only when set, as the API server's JSON
+    omits it) and the node selector."""
+    devices = {
+        "results": [_result_json(r) for r in a.devices.results],
+        "config": [_config_json(c) for c in a.devices.config],
+    }
+    return {"devices": devices, "nodeSelector": _selector_json(a.nodeSelector)}
+
+
 def view(claim: pb.ResourceClaim) -> dict[str, Any]:
-    """The JSON-shaped parts of ``claim`` the writer decides on (see the module).
+    """The JSON-shaped parts of ``claim`` that Prepare plans from and the writer decides on
+    (see the module).
 
     Raises:
-        WireError: the allocation or a device's ``data`` does not parse.
+        WireError: the allocation or a device's ``data`` does not parse, or opaque
+            parameters are not JSON.
     """
     try:
         status: dict[str, Any] = {"devices": [device_json(d) for d in claim.status.devices]}
-        allocation = pb.AllocationResult.FromString(claim.status.allocation)
+        if claim.status.HasField("allocation"):
+            allocation = pb.AllocationResult.FromString(claim.status.allocation)
+            status["allocation"] = _allocation_json(allocation)
     except Exception as exc:  # DecodeError, or data that is not JSON
         raise WireError(f"{KIND} status does not parse: {exc}") from exc
-    if claim.status.HasField("allocation"):
-        status["allocation"] = {"nodeSelector": _selector_json(allocation.nodeSelector)}
     meta = claim.metadata
     return {
         "metadata": {
