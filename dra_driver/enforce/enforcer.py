@@ -141,7 +141,7 @@ class MpsEnforcer:
         """
         with self._held():
             try:
-                return self._life.apply(plan)
+                return self._life.apply(plan, fresh=True)
             finally:
                 self._declare()
 

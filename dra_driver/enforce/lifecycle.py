@@ -60,8 +60,11 @@ class ClaimLifecycle:
         self.modes = modes
         self.janitor = janitor
 
-    def apply(self, plan: ClaimPlan) -> Mapping[str, ContainerEdits]:
-        """Enforce ``plan`` (idempotent) and return the CDI edits per device key.
+    def apply(self, plan: ClaimPlan, fresh: bool = False) -> Mapping[str, ContainerEdits]:
+        """Enforce ``plan`` (idempotent) and return the CDI edits per device key. ``fresh``: a
+        kubelet's Prepare; a claim this process does not hold (nor retries) then has its
+        namespace created without listing first (:meth:`MpsObjects.ensure`); a restore or a
+        repair (False) lists, as its namespace may be there with clients attached.
 
         Raises:
             MpsError: invalid plan, a mode conflict on a GPU, or an MPS/NVML failure; the
@@ -81,6 +84,7 @@ class ClaimLifecycle:
             ref.uid, targets, ((uid, a.targets) for uid, a in self.ledger.claims.items())
         )
         previous = self.ledger.claims.pop(ref.uid, None)
+        fresh = fresh and previous is None and ref.uid not in self.ledger.pending
         applied = Applied(plan, targets)
         done: dict[tuple[str, str], str] = {}
         try:
@@ -94,7 +98,7 @@ class ClaimLifecycle:
                     continue
                 key = (t.server, t.namespace)
                 if key not in done:
-                    done[key] = self.objects.ensure(t)
+                    done[key] = self.objects.ensure(t, fresh)
                 applied.record_pipe(t.gpu.uuid, done[key])
                 applied.record_server(t.gpu.uuid, self.objects.server_pid(t.mode, t.server))
         except EFFECT_ERRORS as exc:

@@ -5,6 +5,7 @@ removing them is :mod:`dra_driver.enforce.removal`."""
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import structlog
 
 from dra_driver.enforce.base import MpsError
 from dra_driver.enforce.computemode import ComputeModes
-from dra_driver.enforce.control import MpsCommandError, MpsControl
+from dra_driver.enforce.control import MpsCommandError, MpsControl, MpsTimeout
 from dra_driver.enforce.daemon import MpsDaemon
 from dra_driver.enforce.edits import namespace_pipe_dir
 from dra_driver.enforce.names import (
@@ -41,6 +42,9 @@ EARLY_CLIENT_TRIES = 3
 
 _BAD_STATUS = ("fail", "error", "exit", "fault", "dead", "terminat", "stop")
 _READY = "ready"
+RECENT_S = 30.0
+"""Seconds a server this process saw Ready is trusted to run without listing it again: a new
+claim's namespace is then created at once, and a refused create falls back to the full check."""
 
 
 class MpsObjects:
@@ -70,6 +74,8 @@ class MpsObjects:
         self.modes = modes
         self.sleep = sleep
         self._pids: dict[tuple[str, str], int | None] = {}
+        self._seen: dict[tuple[str, str], float] = {}
+        self.clock: Callable[[], float] = time.monotonic
         self.created: set[tuple[str, str, str]] = set()
         """``(mode, server, namespace)`` of each namespace :meth:`ensure_namespace` created
         (its owner clears it when it wants to know which a call created)."""
@@ -90,9 +96,15 @@ class MpsObjects:
             for row in rows:
                 yield mode, daemon, row
 
-    def ensure(self, t: FractionTarget) -> str:
+    def ensure(self, t: FractionTarget, fresh: bool = False) -> str:
         """Make ``t``'s daemon run, its server exist and its namespace exist with its limits;
         return the namespace's pipe directory.
+
+        ``fresh`` (a kubelet's Prepare of a claim new to this process): when this process saw
+        ``t``'s server Ready less than :data:`RECENT_S` seconds ago, the namespace is created
+        at once (``namespace create``, ``set``, the read-back: 3 commands, no ``server list``
+        or ``namespace list``); a refused create (the server gone, the namespace there) takes
+        the full path below.
 
         Raises:
             MpsError: a command failed or a check after it did (see :meth:`ensure_server`,
@@ -101,9 +113,31 @@ class MpsObjects:
             OSError: a marker or pipe directory cannot be written.
         """
         daemon = self.daemons[t.mode]
+        if fresh and self.clock() - self._seen.get((t.mode, t.server), -RECENT_S) < RECENT_S:
+            pipe = self._join(daemon, t)
+            if pipe is not None:
+                return pipe
         rows = daemon.ensure_answering()
         self.ensure_server(daemon, t.server, t.server_gpus, rows)
         return self.ensure_namespace(daemon, t)
+
+    def _join(self, daemon: MpsDaemon, t: FractionTarget) -> str | None:
+        """Create ``t``'s namespace on its server without listing first; None when the create
+        is refused (the server is not seen as running any more).
+
+        Raises:
+            MpsTimeout: the daemon does not answer.
+            MpsError: as :meth:`first_limits`.
+        """
+        try:
+            daemon.control.namespace_create(t.namespace, t.server)
+        except MpsTimeout:
+            raise
+        except MpsCommandError:
+            self._seen.pop((t.mode, t.server), None)
+            return None
+        self.created.add((daemon.mode, t.server, t.namespace))
+        return self._pipe(daemon, t, self.first_limits(daemon.control, t, blind=True))
 
     def ensure_server(
         self,
@@ -125,6 +159,8 @@ class MpsObjects:
         if row is not None and server_ok(row, gpus):
             self._pids[(daemon.mode, name)] = server_pid(row.pid)
             seal_server(daemon, name)  # one declared in the -a file has the default modes
+            if row.status.lower() == _READY:
+                self._seen[(daemon.mode, name)] = self.clock()
             return
         if row is not None:
             log.warning(
@@ -183,6 +219,7 @@ class MpsObjects:
             status = row.status
             self._pids[(daemon.mode, name)] = server_pid(row.pid)
             if status.lower() == _READY:
+                self._seen[(daemon.mode, name)] = self.clock()
                 return
         log.warning(
             "MPS server not Ready yet; accepting",
@@ -213,6 +250,16 @@ class MpsObjects:
             drift = namespace_drift(row, t)
             if drift:
                 row = self.repair_limits(ctl, t, drift)
+        return self._pipe(daemon, t, row)
+
+    def _pipe(self, daemon: MpsDaemon, t: FractionTarget, row: NamespaceRow) -> str:
+        """The namespace's pipe directory (from its row), checked to be under the daemon's
+        and made.
+
+        Raises:
+            MpsError: it is outside the daemon's pipe directory.
+        """
+        ns = t.namespace
         pipe = Path(row.pipe_directory or namespace_pipe_dir(t, self.options))
         root = daemon.pipe_dir.resolve()
         if not pipe.resolve().is_relative_to(root):
@@ -220,12 +267,17 @@ class MpsObjects:
         ensure_dir(pipe, 0o755)
         return str(pipe)
 
-    def first_limits(self, ctl: MpsControl, t: FractionTarget) -> NamespaceRow:
+    def first_limits(self, ctl: MpsControl, t: FractionTarget, blind: bool = False) -> NamespaceRow:
         """:meth:`set_limits` of a namespace just created. Until then it has no limits, and a
         tenant that keeps retrying (its pod restarted, or after a repair) can attach in that
         moment; ``namespace set`` then fails. Such clients are terminated, so that no process
         runs without the claim's limits (they may attach again, under the limits), and the
         limits set; up to :data:`EARLY_CLIENT_TRIES` times.
+
+        ``blind``: created without listing first. Should MPS accept creating a namespace that
+        exists (not seen with the emulator; not verified on hardware), its clients are those
+        of a running pod, not early ones: a namespace that already has the claim's limits is
+        taken as it is, and nothing is terminated.
 
         Raises:
             MpsError: as :meth:`set_limits`, also when clients keep attaching.
@@ -238,6 +290,10 @@ class MpsObjects:
                 early = [c.pid for c in ctl.client_list(srv) if c.namespace == ns]
                 if not early:
                     raise
+                if blind:
+                    row = next((r for r in ctl.namespace_list(srv, ns) if r.name == ns), None)
+                    if row is not None and not namespace_drift(row, t):
+                        return row
                 log.warning(
                     "clients attached to a new MPS namespace before its limits were set; "
                     "terminating them so that no process runs without the claim's limits",
