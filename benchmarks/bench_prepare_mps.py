@@ -9,7 +9,14 @@ Floors, interleaved with the samples so machine noise hits both alike:
 - ``noop_start``: starting ``/bin/true``, against ``control_start``: the emulator's
   ``nvidia-cuda-mps-control`` answering a command with no daemon to ask. NVIDIA's program is
   compiled and starts about as fast as a no-op; ``control_start_ratio_to_noop`` says how much
-  of each MPS command below is the emulator's own start, not the driver.
+  of each MPS command below is the emulator's own start, not the driver. ``python_start``: a
+  bare ``python3 -I -S`` (the launchers' interpreter), the floor of any Python emulator.
+
+The emulator's launchers run ``python3`` from ``PATH`` (``#!/usr/bin/env -S python3 -I -S``;
+the image pins ``/usr/bin/python3.11``). Where ``python3`` on ``PATH`` is a version manager's
+shim (pyenv's is a shell script: about 110 ms a start on the 2-core machines, against 10 ms for
+the interpreter itself), every MPS command would pay it; the benchmark puts this interpreter's
+directory first on ``PATH``, so that it measures the emulator, not the shim.
 
 The node: 2 simulated H200s. A resident quarter on GPU 0 (time-slicing) keeps its MPS server
 running; each timed call prepares one more quarter on GPU 0 (a claim joining a GPU whose server
@@ -102,6 +109,7 @@ def main() -> int:
         inventory = SimulatedGpuSource(f"simulated:H200x{GPUS}", seed=NODE).discover()
         uuids = [g.uuid for g in inventory.gpus]
         os.environ["MPS_EMULATOR_VISIBLE_GPUS"] = ",".join(uuids)
+        os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
         devices = {d.name: d for d in offered_devices(inventory, load_node_config(None))}
         options = MpsOptions(
             root=str(root / "run"),
@@ -163,7 +171,9 @@ def main() -> int:
             env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(root / "no-daemon")}
             control = [str(emulator_path()), "server", "list"]
             noop = [shutil.which("true") or "/bin/true"]
+            python = [shutil.which("python3") or sys.executable, "-I", "-S", "-c", "pass"]
             floor_s, prep_s, unprep_s, noop_s, control_s, per_pair = [], [], [], [], [], []
+            python_s: list[float] = []
             for i in range(WARMUP + calls):
                 claim = cf.claim([share_result(gpu0, NODE, "quarter")])
                 t0 = time.perf_counter()
@@ -174,6 +184,7 @@ def main() -> int:
                 u = unprepare([claim])
                 n = commands(control_log) - before
                 start_noop = timed_start(noop, env)
+                start_python = timed_start(python, env)
                 start_control = timed_start(control, env)
                 if i >= WARMUP:
                     floor_s.append(floor)
@@ -181,6 +192,7 @@ def main() -> int:
                     unprep_s.append(u)
                     per_pair.append(n)
                     noop_s.append(start_noop)
+                    python_s.append(start_python)
                     control_s.append(start_control)
 
             unprepare([resident])
@@ -205,6 +217,7 @@ def main() -> int:
     print(f"machine: {os.cpu_count()} cpus; calls: {calls} (+{WARMUP} warm-up)")
     print(f"node: {GPUS} simulated H200s, MPS emulator, {MODE}; a quarter joins GPU 0's server")
     print(f"noop_start_p50_ms: {percentile(noop_s, 0.5) * ms:.2f}")
+    print(f"python_start_p50_ms: {percentile(python_s, 0.5) * ms:.2f}")
     print(f"control_start_p50_ms: {percentile(control_s, 0.5) * ms:.2f}")
     print(
         f"control_start_ratio_to_noop: {percentile(control_s, 0.5) / percentile(noop_s, 0.5):.1f}"
