@@ -2,16 +2,20 @@
 
 Starts the local cluster with one real node (hack/local-cluster + hack/local-node: kubelet,
 containerd, runc), installs the driver's Helm chart (simulated 8 x H200), then creates pods
-one at a time, alternating a plain pod (baseline, measured in the same run) and a pod with a
-``gpu-eighth`` claim, and times create -> Running (all containers running, polled every
-20 ms). Then ``helm upgrade`` with a changed value and the time until the DaemonSet has rolled
-out (new pod running, old one gone). Prints one table; asserts nothing. Times are seconds.
+one at a time, in turn a plain pod (baseline, measured in the same run), a pod whose
+``gpu-eighth`` claim joins GPU 0 (whose MPS server already serves the warm-up pod's claim), and,
+while idle GPUs remain (GPUs 1-7, one each), a pod whose claim is the first on its GPU (its
+compute mode set, its MPS server started); it times create -> Running (all containers running,
+polled every 20 ms). Claims choose their GPU with a selector on the driver's ``index``
+attribute. Then ``helm upgrade`` with a changed value and the time until the DaemonSet has
+rolled out (new pod running, old one gone). Prints one table; asserts nothing. Times are
+seconds.
 
 Usage: .venv/bin/python benchmarks/bench_pod_start.py [--pods 20] [--keep-cluster] [--smoke]
 
 ``--smoke`` measures 1 pod of each kind (after the warm-up pair) and the rollout; it needs a
 real node like the full run (the e2e tests run it; numbers not checked). The last line is
-``pod_start_p50_ratio_to_plain: <number>`` (p50 with a claim / p50 of plain pods).
+``pod_start_p50_ratio_to_plain: <number>`` (p50 of a claim joining GPU 0 / p50 of plain pods).
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ sys.path.insert(0, str(REPO))
 from devtools import localinstall  # noqa: E402
 
 NODE = "bench-node"
+GPUS = 8
+DRIVER = "gpu-fraction.dra.dev"
 NAMESPACE = "bench"
 RELEASE_NS = "gpu-fraction-dra"
 SCRIPT = "trap 'exit 0' TERM; while :; do sleep 1; done"
@@ -63,7 +69,8 @@ def running(core: k8s.CoreV1Api, name: str) -> bool:
     return bool(statuses) and all(s.get("state", {}).get("running") for s in statuses)
 
 
-def pod_body(name: str, claim: bool) -> dict[str, Any]:
+def pod_body(name: str, gpu: int | None) -> dict[str, Any]:
+    """A busybox pod; with a ``gpu-eighth`` claim on GPU ``gpu`` unless None."""
     container: dict[str, Any] = {
         "name": "main",
         "image": "localhost/busybox:1.35.0",
@@ -76,9 +83,9 @@ def pod_body(name: str, claim: bool) -> dict[str, Any]:
         "dnsPolicy": "Default",
         "containers": [container],
     }
-    if claim:
+    if gpu is not None:
         container["resources"] = {"claims": [{"name": "gpu"}]}
-        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "eighth"}]
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": f"eighth-{gpu}"}]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
@@ -90,9 +97,19 @@ def model(kind: Any, body: dict[str, Any]) -> Any:
     return obj
 
 
-def start_time(core: k8s.CoreV1Api, name: str, claim: bool) -> float:
+def eighth_template(gpu: int) -> dict[str, Any]:
+    """ResourceClaimTemplate ``eighth-<gpu>``: one ``gpu-eighth`` on GPU ``gpu``."""
+    on = f'device.attributes["{DRIVER}"].index == {gpu}'
+    exactly = {"deviceClassName": "gpu-eighth", "selectors": [{"cel": {"expression": on}}]}
+    return {
+        "metadata": {"name": f"eighth-{gpu}"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
+    }
+
+
+def start_time(core: k8s.CoreV1Api, name: str, gpu: int | None) -> float:
     t0 = time.monotonic()
-    core.create_namespaced_pod(NAMESPACE, model(k8s.V1Pod, pod_body(name, claim)))
+    core.create_namespaced_pod(NAMESPACE, model(k8s.V1Pod, pod_body(name, gpu)))
     wait(f"pod {name} Running", lambda: running(core, name))
     return time.monotonic() - t0
 
@@ -191,40 +208,36 @@ def main() -> int:
             every=0.2,
         )
         wait("default SA", lambda: core.list_namespaced_service_account(NAMESPACE).items)
-        k8s.ResourceV1Api(api).create_namespaced_resource_claim_template(
-            NAMESPACE,
-            model(
-                k8s.V1ResourceClaimTemplate,
-                {
-                    "metadata": {"name": "eighth"},
-                    "spec": {
-                        "spec": {
-                            "devices": {
-                                "requests": [
-                                    {"name": "gpu", "exactly": {"deviceClassName": "gpu-eighth"}}
-                                ]
-                            }
-                        }
-                    },
-                },
-            ),
-        )
-        # Warm-up: the first pod of each kind pays one-time costs (image snapshot, CNI).
-        start_time(core, "warm-plain", False)
-        start_time(core, "warm-claim", True)
-        plain, claim = [], []
+        for gpu in range(GPUS):
+            k8s.ResourceV1Api(api).create_namespaced_resource_claim_template(
+                NAMESPACE, model(k8s.V1ResourceClaimTemplate, eighth_template(gpu))
+            )
+        # Warm-up: the first pod of each kind pays one-time costs (image snapshot, CNI); the
+        # warm-up claim starts GPU 0's MPS server, which the joining claims then share.
+        start_time(core, "warm-plain", None)
+        start_time(core, "warm-claim", 0)
+        plain, joining, first = [], [], []
         for i in range(args.pods):
-            plain.append(start_time(core, f"plain-{i}", False))
-            claim.append(start_time(core, f"claim-{i}", True))
+            plain.append(start_time(core, f"plain-{i}", None))
+            joining.append(start_time(core, f"claim-{i}", 0))
+            if i + 1 < GPUS:
+                first.append(start_time(core, f"first-{i + 1}", i + 1))
         took = rollout(api, kubeconfig, values)
-        print(f"\npod start latency, create -> Running, {args.pods} pods each, one real node")
-        print(f"{'':28} {'p50':>8} {'p90':>8} {'mean':>8}")
-        for label, xs in (("plain pod (baseline)", plain), ("pod with gpu-eighth claim", claim)):
+        print("\npod start latency, create -> Running, one real node")
+        print(f"{'':44} {'pods':>5} {'p50':>8} {'p90':>8} {'mean':>8} {'p50/plain':>10}")
+        rows = (
+            ("plain pod (baseline)", plain),
+            ("gpu-eighth joining a GPU whose server runs", joining),
+            ("gpu-eighth, first claim on an idle GPU", first),
+        )
+        for label, xs in rows:
+            ratio = pct(xs, 0.5) / pct(plain, 0.5)
             print(
-                f"{label:28} {pct(xs, 0.5):7.2f}s {pct(xs, 0.9):7.2f}s {statistics.mean(xs):7.2f}s"
+                f"{label:44} {len(xs):5} {pct(xs, 0.5):7.2f}s {pct(xs, 0.9):7.2f}s "
+                f"{statistics.mean(xs):7.2f}s {ratio:9.2f}x"
             )
         print(f"DaemonSet rollout on helm upgrade (1 node, running pods kept): {took:.1f}s")
-        print(f"pod_start_p50_ratio_to_plain: {pct(claim, 0.5) / pct(plain, 0.5):.2f}")
+        print(f"pod_start_p50_ratio_to_plain: {pct(joining, 0.5) / pct(plain, 0.5):.2f}")
     finally:
         if not args.keep_cluster:
             subprocess.run([*cluster, "down"], env=env, check=False)
