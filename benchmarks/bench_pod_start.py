@@ -114,6 +114,23 @@ def start_time(core: k8s.CoreV1Api, name: str, gpu: int | None) -> float:
     return time.monotonic() - t0
 
 
+def gone(core: k8s.CoreV1Api, name: str) -> None:
+    """Delete pod ``name`` and wait until it and its claims are gone (its fraction freed)."""
+    core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
+
+    def done() -> bool:
+        pods = raw(core.list_namespaced_pod(NAMESPACE, _preload_content=False))["items"]
+        claims = raw(
+            k8s.ResourceV1Api(core.api_client).list_namespaced_resource_claim(
+                NAMESPACE, _preload_content=False
+            )
+        )["items"]
+        mine = [c for c in claims if c["metadata"]["name"].startswith(f"{name}-")]
+        return all(p["metadata"]["name"] != name for p in pods) and not mine
+
+    wait(f"pod {name} and its claim gone", done, timeout=120, every=0.1)
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
@@ -220,6 +237,7 @@ def main() -> int:
         for i in range(args.pods):
             plain.append(start_time(core, f"plain-{i}", None))
             joining.append(start_time(core, f"claim-{i}", 0))
+            gone(core, f"claim-{i}")  # GPU 0 keeps room: the warm-up claim and this one
             if i + 1 < GPUS:
                 first.append(start_time(core, f"first-{i + 1}", i + 1))
         took = rollout(api, kubeconfig, values)
