@@ -18,6 +18,18 @@ class Unknown(_message.Message):
     contentType: str
     def __init__(self, typeMeta: _Optional[_Union[TypeMeta, _Mapping]] = ..., raw: _Optional[bytes] = ..., contentEncoding: _Optional[str] = ..., contentType: _Optional[str] = ...) -> None: ...
 
+class Status(_message.Message):
+    __slots__ = ("status", "message", "reason", "code")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    message: str
+    reason: str
+    code: int
+    def __init__(self, status: _Optional[str] = ..., message: _Optional[str] = ..., reason: _Optional[str] = ..., code: _Optional[int] = ...) -> None: ...
+
 class TypeMeta(_message.Message):
     __slots__ = ("apiVersion", "kind")
     APIVERSION_FIELD_NUMBER: _ClassVar[int]

@@ -1,13 +1,13 @@
 """Writing prepared claims' ``status.devices`` (see :mod:`dra_driver.observe.claimstatus`) in the
 background, so Prepare never waits on it.
 
-For each submitted claim the writer takes the claim as Prepare read it (once; else it reads the
-claim), checks it is still the claim prepared (same UID) and allocated on this node (the plugin
-never writes another node's claim; the API server would refuse it too, with
-``associated-node`` authorization), skips the write when the
-entries are already there (so a plugin restart re-submitting its prepared claims costs one read
-each), and otherwise updates the claim's ``status`` with them (PUT, guarded by the
-``resourceVersion`` read; a conflict re-reads).
+For each submitted claim the writer takes the claim as Prepare read it or as its own last
+update left it (else it reads the claim), checks it is still the claim prepared (same UID) and
+allocated on this node (the plugin never writes another node's claim; the API server would
+refuse it too, with ``associated-node`` authorization), skips the write when the entries are
+already there (so a plugin restart re-submitting its prepared claims costs one read each), and
+otherwise updates the claim's ``status`` with them (PUT, guarded by the ``resourceVersion``
+read; a conflict re-reads).
 
 Why an update in protobuf, of the claim as read: the API server compares
 ``status.allocation`` with the stored one, the raw bytes of each opaque configuration's
@@ -55,7 +55,7 @@ from dra_driver.observe.claimstatus import (
 )
 from dra_driver.observe.consumers import ClaimConsumers
 from dra_driver.prepare import claimwire
-from dra_driver.prepare.claims import ClaimWire
+from dra_driver.prepare.claims import ClaimWire, is_protobuf
 
 log = structlog.get_logger(__name__)
 
@@ -83,8 +83,11 @@ class ClaimStatusApi(Protocol):
         """
         ...
 
-    def replace(self, namespace: str, name: str, claim: pb.ResourceClaim, timeout: float) -> None:
-        """Update the claim's ``status`` subresource with ``claim`` (as read, changed).
+    def replace(
+        self, namespace: str, name: str, claim: pb.ResourceClaim, timeout: float
+    ) -> pb.ResourceClaim | None:
+        """Update the claim's ``status`` subresource with ``claim`` (as read, changed); returns
+        the claim as the API server stored it, when it answered in protobuf (else None).
 
         Raises:
             ApiException: refused (409: ``resourceVersion`` or UID no longer match).
@@ -109,11 +112,18 @@ class ApiClaimStatus:
         path = ClaimWire.path(namespace, name)
         return claimwire.decode(self._wire.request("GET", path, headers, timeout).data)
 
-    def replace(self, namespace: str, name: str, claim: pb.ResourceClaim, timeout: float) -> None:
-        """PUT ``claim`` to the status subresource in protobuf."""
-        headers = {"Content-Type": claimwire.CONTENT_TYPE, "Accept": "application/json"}
+    def replace(
+        self, namespace: str, name: str, claim: pb.ResourceClaim, timeout: float
+    ) -> pb.ResourceClaim | None:
+        """PUT ``claim`` to the status subresource in protobuf; the answer (the claim as
+        stored) asked for in protobuf too, so that the next write of the claim need not read
+        it (a refusal then comes as a protobuf ``Status``, whose message :class:`ClaimWire`
+        gives)."""
+        accept = f"{claimwire.CONTENT_TYPE}, application/json"
+        headers = {"Content-Type": claimwire.CONTENT_TYPE, "Accept": accept}
         path = ClaimWire.path(namespace, name) + "/status"
-        self._wire.request("PUT", path, headers, timeout, claimwire.encode(claim))
+        resp = self._wire.request("PUT", path, headers, timeout, claimwire.encode(claim))
+        return claimwire.decode(resp.data) if is_protobuf(resp) else None
 
 
 def _now() -> str:
@@ -130,7 +140,8 @@ def _retryable(exc: Exception) -> bool:
 
 
 def _server_message(body: object) -> str:
-    """The ``message`` of the API server's JSON ``Status`` body, else the body itself."""
+    """The ``message`` of the API server's JSON ``Status`` body, else the body itself (a
+    protobuf ``Status``'s message, :class:`~dra_driver.prepare.claims.ClaimWire`)."""
     text = body.decode(errors="replace") if isinstance(body, bytes) else str(body or "")
     try:
         doc = json.loads(text)
@@ -223,11 +234,11 @@ class ClaimStatusWriter:
         self._queue.put(plan)
 
     def remember(self, message: pb.ResourceClaim) -> None:
-        """A claim as Prepare just read it: its first write updates it from this message
-        instead of reading it again (one API request per claim fewer). A claim changed since
-        (another pod reserved it) makes that update a 409 conflict, and the retry reads it.
-        At most :data:`REMEMBERED` claims are kept (those of failed Prepares are dropped
-        oldest first)."""
+        """A claim as Prepare just read it, or as the API server stored the writer's last
+        update: the next write of it starts from this message instead of reading the claim
+        again (one API request fewer per write). A claim changed since (another pod reserved
+        it) makes that update a 409 conflict, and the retry reads it. At most
+        :data:`REMEMBERED` claims are kept, the oldest dropped first."""
         with self._read_lock:
             self._read.pop(message.metadata.uid, None)
             self._read[message.metadata.uid] = message
@@ -335,10 +346,11 @@ class ClaimStatusWriter:
             clients=self._clients.get(ref.uid),
         )
         if already_written(claim, entries):
+            self.remember(message)
             return "unchanged"
         started = time.perf_counter()
         try:
-            self.api.replace(
+            stored = self.api.replace(
                 ref.namespace, ref.name, claimwire.with_devices(message, entries), self.timeout
             )
         except ApiException as exc:
@@ -346,6 +358,8 @@ class ClaimStatusWriter:
                 bound.info("claim deleted before its device status was written")
                 return "skipped"
             raise
+        if stored is not None:
+            self.remember(stored)  # the next write of this claim (a consumer) starts from it
         bound.info(
             "claim device status written",
             devices=[d.device for d in plan.devices],

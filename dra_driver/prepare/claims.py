@@ -56,7 +56,8 @@ class ClaimWire:
         """One request to ``path`` under the API server, within ``timeout`` seconds.
 
         Raises:
-            ApiException: the API server answered 400 or more.
+            ApiException: the API server answered 400 or more (``body``: the answer, or the
+                message of a protobuf ``Status``).
             urllib3.exceptions.HTTPError: no answer within ``timeout``, connection refused.
         """
         config = self._client.configuration
@@ -72,7 +73,11 @@ class ClaimWire:
             body=body or None,
         )
         if resp.status >= 400:
-            raise ApiException(http_resp=resp)
+            exc = ApiException(http_resp=resp)
+            said = claimwire.status_message(resp.data)
+            if said is not None:  # a refusal in protobuf, when the request accepted it
+                exc.body = said
+            raise exc
         return resp
 
     @staticmethod

@@ -69,6 +69,20 @@ def decode(body: bytes) -> pb.ResourceClaim:
         raise WireError(f"protobuf {KIND} does not parse: {exc}") from exc
 
 
+def status_message(body: bytes) -> str | None:
+    """The ``message`` of a protobuf ``Status`` body (a refusal), else None (not protobuf, not
+    a Status, or it does not parse)."""
+    if not body.startswith(MAGIC):
+        return None
+    try:
+        unknown = pb.Unknown.FromString(body[len(MAGIC) :])
+        if unknown.typeMeta.kind != "Status":
+            return None
+        return pb.Status.FromString(unknown.raw).message
+    except Exception:  # the protobuf runtime's DecodeError and friends
+        return None
+
+
 def encode(claim: pb.ResourceClaim) -> bytes:
     """The request body of an update of ``claim`` (envelope included)."""
     unknown = pb.Unknown(

@@ -265,6 +265,8 @@ class ClaimStatusServer(ClaimServer):
             claimwire.device_json(d) for d in sent.status.devices
         ]
         stored["metadata"]["resourceVersion"] = str(int(stored["metadata"]["resourceVersion"]) + 1)
+        if wants_protobuf:  # the answer in protobuf, as kube-apiserver gives it when asked
+            return 200, self.encoded(key)
         return 200, stored
 
 

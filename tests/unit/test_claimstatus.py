@@ -26,7 +26,16 @@ from dra_driver.observe.claimstatus import (
     device_entries,
 )
 from dra_driver.observe.claimstatuswriter import REMEMBERED, ApiClaimStatus, ClaimStatusWriter
-from dra_driver.prepare.claimwire import decode, device_json, device_message, view, with_devices
+from dra_driver.observe.consumers import ClaimConsumers, Consumer
+from dra_driver.prepare.claimwire import (
+    MAGIC,
+    decode,
+    device_json,
+    device_message,
+    status_message,
+    view,
+    with_devices,
+)
 from tests.support import claimfactory as cf
 from tests.support.apiserver_stub import ALLOCATION_MODIFIED, ClaimStatusServer
 from tests.support.k8sschema import validate
@@ -233,7 +242,7 @@ def test_writer_updates_the_claim_once(node: Node, api: ClaimStatusServer) -> No
     e = entry(stored(api, claim)["status"]["devices"])
     assert e["conditions"][0]["reason"] == "CooperativeMemoryLimit"
     assert "no cgroup v2" in e["conditions"][0]["message"]
-    # A restart submits the claim again: read, nothing to write.
+    # Submitted again: nothing to write.
     assert w.write(plan) == "unchanged"
     assert len(api.updates) == 1
     assert w.metrics.claim_status_writes.labels(result="written")._value.get() == 1
@@ -512,3 +521,47 @@ def test_the_protobuf_view_is_the_allocation_prepare_plans_from() -> None:
     got = view(message)
     assert got["metadata"]["uid"] == claim["metadata"]["uid"]
     assert got["status"]["allocation"]["devices"] == claim["status"]["allocation"]["devices"]
+
+
+def test_a_consumer_rewrite_starts_from_the_last_update_and_reads_nothing(
+    node: Node, api: ClaimStatusServer
+) -> None:
+    """Each container start rewrote the claim's status with a read first (GET + PUT); the
+    update's answer, asked for in protobuf, is the claim as stored: the next write starts
+    from it."""
+    claim, plan = served_plan(node, api)
+    key = (claim["metadata"]["namespace"], claim["metadata"]["name"])
+    w = writer(api, plan)
+    assert w.write(plan) == "written"
+    assert api.gets[key] == 1
+    running = (Consumer("c1", "1000", 5, "9", "team-a/p/main"),)
+    w.observe(plan, ClaimConsumers(running, ()))
+    assert w.write(plan) == "written"
+    assert api.gets[key] == 1 and len(api.updates) == 2
+    assert entry(stored(api, claim)["status"]["devices"])["data"]["consumers"]["running"] == [
+        "team-a/p/main"
+    ]
+
+
+def test_a_refusal_in_protobuf_is_logged_with_its_message(
+    node: Node, api: ClaimStatusServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Asked for protobuf, kube-apiserver answers a refusal with a protobuf Status too."""
+    status = pb.Status(status="Failure", message=ALLOCATION_MODIFIED, reason="Invalid", code=422)
+    unknown = pb.Unknown(typeMeta=pb.TypeMeta(apiVersion="v1", kind="Status"))
+    unknown.raw = status.SerializeToString()
+    body = MAGIC + unknown.SerializeToString()
+    assert status_message(body) == ALLOCATION_MODIFIED
+    assert status_message(b'{"kind":"Status"}') is None
+    _, plan = served_plan(node, api)
+    real = api.handle_raw
+
+    def refuse(method: str, path: str, raw: bytes) -> tuple[int, Any]:
+        if method == "PUT":
+            api.updates.append(raw)
+            return 422, body
+        return real(method, path, raw)
+
+    api.handle_raw = refuse  # type: ignore[method-assign]
+    assert writer(api, plan).write(plan) == "failed"
+    assert "field cannot be modified once set" in capsys.readouterr().out
