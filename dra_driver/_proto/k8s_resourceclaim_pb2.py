@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)dra_driver/_proto/k8s_resourceclaim.proto\x12\x0e\x64ra_driver.k8s\"p\n\x07Unknown\x12*\n\x08typeMeta\x18\x01 \x01(\x0b\x32\x18.dra_driver.k8s.TypeMeta\x12\x0b\n\x03raw\x18\x02 \x01(\x0c\x12\x17\n\x0f\x63ontentEncoding\x18\x03 \x01(\t\x12\x13\n\x0b\x63ontentType\x18\x04 \x01(\t\"G\n\x06Status\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0c\n\x04\x63ode\x18\x06 \x01(\x05\",\n\x08TypeMeta\x12\x12\n\napiVersion\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\"\x80\x01\n\rResourceClaim\x12,\n\x08metadata\x18\x01 \x01(\x0b\x32\x1a.dra_driver.k8s.ObjectMeta\x12\x0c\n\x04spec\x18\x02 \x01(\x0c\x12\x33\n\x06status\x18\x03 \x01(\x0b\x32#.dra_driver.k8s.ResourceClaimStatus\"S\n\nObjectMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x03 \x01(\t\x12\x0b\n\x03uid\x18\x05 \x01(\t\x12\x17\n\x0fresourceVersion\x18\x06 \x01(\t\"v\n\x13ResourceClaimStatus\x12\x12\n\nallocation\x18\x01 \x01(\x0c\x12\x13\n\x0breservedFor\x18\x02 \x03(\x0c\x12\x36\n\x07\x64\x65vices\x18\x04 \x03(\x0b\x32%.dra_driver.k8s.AllocatedDeviceStatus\"\x7f\n\x10\x41llocationResult\x12\x37\n\x07\x64\x65vices\x18\x01 \x01(\x0b\x32&.dra_driver.k8s.DeviceAllocationResult\x12\x32\n\x0cnodeSelector\x18\x03 \x01(\x0b\x32\x1c.dra_driver.k8s.NodeSelector\"\x97\x01\n\x16\x44\x65viceAllocationResult\x12>\n\x07results\x18\x01 \x03(\x0b\x32-.dra_driver.k8s.DeviceRequestAllocationResult\x12=\n\x06\x63onfig\x18\x02 \x03(\x0b\x32-.dra_driver.k8s.DeviceAllocationConfiguration\"\xb6\x02\n\x1d\x44\x65viceRequestAllocationResult\x12\x0f\n\x07request\x18\x01 \x01(\t\x12\x0e\n\x06\x64river\x18\x02 \x01(\t\x12\x0c\n\x04pool\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x04 \x01(\t\x12\x13\n\x0b\x61\x64minAccess\x18\x05 \x01(\x08\x12\x0f\n\x07shareID\x18\t \x01(\t\x12]\n\x10\x63onsumedCapacity\x18\n \x03(\x0b\x32\x43.dra_driver.k8s.DeviceRequestAllocationResult.ConsumedCapacityEntry\x1aQ\n\x15\x43onsumedCapacityEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\'\n\x05value\x18\x02 \x01(\x0b\x32\x18.dra_driver.k8s.Quantity:\x02\x38\x01\"\x1a\n\x08Quantity\x12\x0e\n\x06string\x18\x01 \x01(\t\"\x83\x01\n\x1d\x44\x65viceAllocationConfiguration\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x10\n\x08requests\x18\x02 \x03(\t\x12@\n\x13\x64\x65viceConfiguration\x18\x03 \x01(\x0b\x32#.dra_driver.k8s.DeviceConfiguration\"P\n\x13\x44\x65viceConfiguration\x12\x39\n\x06opaque\x18\x01 \x01(\x0b\x32).dra_driver.k8s.OpaqueDeviceConfiguration\"]\n\x19OpaqueDeviceConfiguration\x12\x0e\n\x06\x64river\x18\x01 \x01(\t\x12\x30\n\nparameters\x18\x02 \x01(\x0b\x32\x1c.dra_driver.k8s.RawExtension\"K\n\x0cNodeSelector\x12;\n\x11nodeSelectorTerms\x18\x01 \x03(\x0b\x32 .dra_driver.k8s.NodeSelectorTerm\"\x93\x01\n\x10NodeSelectorTerm\x12\x41\n\x10matchExpressions\x18\x01 \x03(\x0b\x32\'.dra_driver.k8s.NodeSelectorRequirement\x12<\n\x0bmatchFields\x18\x02 \x03(\x0b\x32\'.dra_driver.k8s.NodeSelectorRequirement\"H\n\x17NodeSelectorRequirement\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\x0e\n\x06values\x18\x03 \x03(\t\"\xc6\x01\n\x15\x41llocatedDeviceStatus\x12\x0e\n\x06\x64river\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\x12-\n\nconditions\x18\x04 \x03(\x0b\x32\x19.dra_driver.k8s.Condition\x12*\n\x04\x64\x61ta\x18\x05 \x01(\x0b\x32\x1c.dra_driver.k8s.RawExtension\x12\x13\n\x0bnetworkData\x18\x06 \x01(\x0c\x12\x0f\n\x07shareID\x18\x07 \x01(\t\"\x98\x01\n\tCondition\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x1a\n\x12observedGeneration\x18\x03 \x01(\x03\x12\x30\n\x12lastTransitionTime\x18\x04 \x01(\x0b\x32\x14.dra_driver.k8s.Time\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x0f\n\x07message\x18\x06 \x01(\t\"&\n\x04Time\x12\x0f\n\x07seconds\x18\x01 \x01(\x03\x12\r\n\x05nanos\x18\x02 \x01(\x05\"\x1b\n\x0cRawExtension\x12\x0b\n\x03raw\x18\x01 \x01(\x0c')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)dra_driver/_proto/k8s_resourceclaim.proto\x12\x0e\x64ra_driver.k8s\"p\n\x07Unknown\x12*\n\x08typeMeta\x18\x01 \x01(\x0b\x32\x18.dra_driver.k8s.TypeMeta\x12\x0b\n\x03raw\x18\x02 \x01(\x0c\x12\x17\n\x0f\x63ontentEncoding\x18\x03 \x01(\t\x12\x13\n\x0b\x63ontentType\x18\x04 \x01(\t\"G\n\x06Status\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0c\n\x04\x63ode\x18\x06 \x01(\x05\",\n\x08TypeMeta\x12\x12\n\napiVersion\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\"\x80\x01\n\rResourceClaim\x12,\n\x08metadata\x18\x01 \x01(\x0b\x32\x1a.dra_driver.k8s.ObjectMeta\x12\x0c\n\x04spec\x18\x02 \x01(\x0c\x12\x33\n\x06status\x18\x03 \x01(\x0b\x32#.dra_driver.k8s.ResourceClaimStatus\"S\n\nObjectMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x03 \x01(\t\x12\x0b\n\x03uid\x18\x05 \x01(\t\x12\x17\n\x0fresourceVersion\x18\x06 \x01(\t\"v\n\x13ResourceClaimStatus\x12\x12\n\nallocation\x18\x01 \x01(\x0c\x12\x13\n\x0breservedFor\x18\x02 \x03(\x0c\x12\x36\n\x07\x64\x65vices\x18\x04 \x03(\x0b\x32%.dra_driver.k8s.AllocatedDeviceStatus\"_\n\x1eResourceClaimConsumerReference\x12\x10\n\x08\x61piGroup\x18\x01 \x01(\t\x12\x10\n\x08resource\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x0b\n\x03uid\x18\x05 \x01(\t\"\x7f\n\x10\x41llocationResult\x12\x37\n\x07\x64\x65vices\x18\x01 \x01(\x0b\x32&.dra_driver.k8s.DeviceAllocationResult\x12\x32\n\x0cnodeSelector\x18\x03 \x01(\x0b\x32\x1c.dra_driver.k8s.NodeSelector\"\x97\x01\n\x16\x44\x65viceAllocationResult\x12>\n\x07results\x18\x01 \x03(\x0b\x32-.dra_driver.k8s.DeviceRequestAllocationResult\x12=\n\x06\x63onfig\x18\x02 \x03(\x0b\x32-.dra_driver.k8s.DeviceAllocationConfiguration\"\xb6\x02\n\x1d\x44\x65viceRequestAllocationResult\x12\x0f\n\x07request\x18\x01 \x01(\t\x12\x0e\n\x06\x64river\x18\x02 \x01(\t\x12\x0c\n\x04pool\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x04 \x01(\t\x12\x13\n\x0b\x61\x64minAccess\x18\x05 \x01(\x08\x12\x0f\n\x07shareID\x18\t \x01(\t\x12]\n\x10\x63onsumedCapacity\x18\n \x03(\x0b\x32\x43.dra_driver.k8s.DeviceRequestAllocationResult.ConsumedCapacityEntry\x1aQ\n\x15\x43onsumedCapacityEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\'\n\x05value\x18\x02 \x01(\x0b\x32\x18.dra_driver.k8s.Quantity:\x02\x38\x01\"\x1a\n\x08Quantity\x12\x0e\n\x06string\x18\x01 \x01(\t\"\x83\x01\n\x1d\x44\x65viceAllocationConfiguration\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x10\n\x08requests\x18\x02 \x03(\t\x12@\n\x13\x64\x65viceConfiguration\x18\x03 \x01(\x0b\x32#.dra_driver.k8s.DeviceConfiguration\"P\n\x13\x44\x65viceConfiguration\x12\x39\n\x06opaque\x18\x01 \x01(\x0b\x32).dra_driver.k8s.OpaqueDeviceConfiguration\"]\n\x19OpaqueDeviceConfiguration\x12\x0e\n\x06\x64river\x18\x01 \x01(\t\x12\x30\n\nparameters\x18\x02 \x01(\x0b\x32\x1c.dra_driver.k8s.RawExtension\"K\n\x0cNodeSelector\x12;\n\x11nodeSelectorTerms\x18\x01 \x03(\x0b\x32 .dra_driver.k8s.NodeSelectorTerm\"\x93\x01\n\x10NodeSelectorTerm\x12\x41\n\x10matchExpressions\x18\x01 \x03(\x0b\x32\'.dra_driver.k8s.NodeSelectorRequirement\x12<\n\x0bmatchFields\x18\x02 \x03(\x0b\x32\'.dra_driver.k8s.NodeSelectorRequirement\"H\n\x17NodeSelectorRequirement\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\x0e\n\x06values\x18\x03 \x03(\t\"\xc6\x01\n\x15\x41llocatedDeviceStatus\x12\x0e\n\x06\x64river\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\x12-\n\nconditions\x18\x04 \x03(\x0b\x32\x19.dra_driver.k8s.Condition\x12*\n\x04\x64\x61ta\x18\x05 \x01(\x0b\x32\x1c.dra_driver.k8s.RawExtension\x12\x13\n\x0bnetworkData\x18\x06 \x01(\x0c\x12\x0f\n\x07shareID\x18\x07 \x01(\t\"\x98\x01\n\tCondition\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x1a\n\x12observedGeneration\x18\x03 \x01(\x03\x12\x30\n\x12lastTransitionTime\x18\x04 \x01(\x0b\x32\x14.dra_driver.k8s.Time\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x0f\n\x07message\x18\x06 \x01(\t\"&\n\x04Time\x12\x0f\n\x07seconds\x18\x01 \x01(\x03\x12\r\n\x05nanos\x18\x02 \x01(\x05\"\x1b\n\x0cRawExtension\x12\x0b\n\x03raw\x18\x01 \x01(\x0c')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,34 +45,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OBJECTMETA']._serialized_end=508
   _globals['_RESOURCECLAIMSTATUS']._serialized_start=510
   _globals['_RESOURCECLAIMSTATUS']._serialized_end=628
-  _globals['_ALLOCATIONRESULT']._serialized_start=630
-  _globals['_ALLOCATIONRESULT']._serialized_end=757
-  _globals['_DEVICEALLOCATIONRESULT']._serialized_start=760
-  _globals['_DEVICEALLOCATIONRESULT']._serialized_end=911
-  _globals['_DEVICEREQUESTALLOCATIONRESULT']._serialized_start=914
-  _globals['_DEVICEREQUESTALLOCATIONRESULT']._serialized_end=1224
-  _globals['_DEVICEREQUESTALLOCATIONRESULT_CONSUMEDCAPACITYENTRY']._serialized_start=1143
-  _globals['_DEVICEREQUESTALLOCATIONRESULT_CONSUMEDCAPACITYENTRY']._serialized_end=1224
-  _globals['_QUANTITY']._serialized_start=1226
-  _globals['_QUANTITY']._serialized_end=1252
-  _globals['_DEVICEALLOCATIONCONFIGURATION']._serialized_start=1255
-  _globals['_DEVICEALLOCATIONCONFIGURATION']._serialized_end=1386
-  _globals['_DEVICECONFIGURATION']._serialized_start=1388
-  _globals['_DEVICECONFIGURATION']._serialized_end=1468
-  _globals['_OPAQUEDEVICECONFIGURATION']._serialized_start=1470
-  _globals['_OPAQUEDEVICECONFIGURATION']._serialized_end=1563
-  _globals['_NODESELECTOR']._serialized_start=1565
-  _globals['_NODESELECTOR']._serialized_end=1640
-  _globals['_NODESELECTORTERM']._serialized_start=1643
-  _globals['_NODESELECTORTERM']._serialized_end=1790
-  _globals['_NODESELECTORREQUIREMENT']._serialized_start=1792
-  _globals['_NODESELECTORREQUIREMENT']._serialized_end=1864
-  _globals['_ALLOCATEDDEVICESTATUS']._serialized_start=1867
-  _globals['_ALLOCATEDDEVICESTATUS']._serialized_end=2065
-  _globals['_CONDITION']._serialized_start=2068
-  _globals['_CONDITION']._serialized_end=2220
-  _globals['_TIME']._serialized_start=2222
-  _globals['_TIME']._serialized_end=2260
-  _globals['_RAWEXTENSION']._serialized_start=2262
-  _globals['_RAWEXTENSION']._serialized_end=2289
+  _globals['_RESOURCECLAIMCONSUMERREFERENCE']._serialized_start=630
+  _globals['_RESOURCECLAIMCONSUMERREFERENCE']._serialized_end=725
+  _globals['_ALLOCATIONRESULT']._serialized_start=727
+  _globals['_ALLOCATIONRESULT']._serialized_end=854
+  _globals['_DEVICEALLOCATIONRESULT']._serialized_start=857
+  _globals['_DEVICEALLOCATIONRESULT']._serialized_end=1008
+  _globals['_DEVICEREQUESTALLOCATIONRESULT']._serialized_start=1011
+  _globals['_DEVICEREQUESTALLOCATIONRESULT']._serialized_end=1321
+  _globals['_DEVICEREQUESTALLOCATIONRESULT_CONSUMEDCAPACITYENTRY']._serialized_start=1240
+  _globals['_DEVICEREQUESTALLOCATIONRESULT_CONSUMEDCAPACITYENTRY']._serialized_end=1321
+  _globals['_QUANTITY']._serialized_start=1323
+  _globals['_QUANTITY']._serialized_end=1349
+  _globals['_DEVICEALLOCATIONCONFIGURATION']._serialized_start=1352
+  _globals['_DEVICEALLOCATIONCONFIGURATION']._serialized_end=1483
+  _globals['_DEVICECONFIGURATION']._serialized_start=1485
+  _globals['_DEVICECONFIGURATION']._serialized_end=1565
+  _globals['_OPAQUEDEVICECONFIGURATION']._serialized_start=1567
+  _globals['_OPAQUEDEVICECONFIGURATION']._serialized_end=1660
+  _globals['_NODESELECTOR']._serialized_start=1662
+  _globals['_NODESELECTOR']._serialized_end=1737
+  _globals['_NODESELECTORTERM']._serialized_start=1740
+  _globals['_NODESELECTORTERM']._serialized_end=1887
+  _globals['_NODESELECTORREQUIREMENT']._serialized_start=1889
+  _globals['_NODESELECTORREQUIREMENT']._serialized_end=1961
+  _globals['_ALLOCATEDDEVICESTATUS']._serialized_start=1964
+  _globals['_ALLOCATEDDEVICESTATUS']._serialized_end=2162
+  _globals['_CONDITION']._serialized_start=2165
+  _globals['_CONDITION']._serialized_end=2317
+  _globals['_TIME']._serialized_start=2319
+  _globals['_TIME']._serialized_end=2357
+  _globals['_RAWEXTENSION']._serialized_start=2359
+  _globals['_RAWEXTENSION']._serialized_end=2386
 # @@protoc_insertion_point(module_scope)

@@ -70,6 +70,18 @@ class ResourceClaimStatus(_message.Message):
     devices: _containers.RepeatedCompositeFieldContainer[AllocatedDeviceStatus]
     def __init__(self, allocation: _Optional[bytes] = ..., reservedFor: _Optional[_Iterable[bytes]] = ..., devices: _Optional[_Iterable[_Union[AllocatedDeviceStatus, _Mapping]]] = ...) -> None: ...
 
+class ResourceClaimConsumerReference(_message.Message):
+    __slots__ = ("apiGroup", "resource", "name", "uid")
+    APIGROUP_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    apiGroup: str
+    resource: str
+    name: str
+    uid: str
+    def __init__(self, apiGroup: _Optional[str] = ..., resource: _Optional[str] = ..., name: _Optional[str] = ..., uid: _Optional[str] = ...) -> None: ...
+
 class AllocationResult(_message.Message):
     __slots__ = ("devices", "nodeSelector")
     DEVICES_FIELD_NUMBER: _ClassVar[int]

@@ -19,7 +19,8 @@ Shapes: :func:`decode` takes a response body (``k8s\\0`` + ``runtime.Unknown``) 
 claim message; :func:`view` gives the JSON-shaped parts Prepare plans from and the writer
 decides on (``{"metadata": {"name", "namespace", "uid", "resourceVersion"}, "status":
 {"allocation"?: {"devices": {"results": [...], "config": [...]}, "nodeSelector": {...}},
-"devices": [AllocatedDeviceStatus as API JSON]}}``); :func:`with_devices` and :func:`encode`
+"reservedFor"?: [{"apiGroup"?, "resource", "name", "uid"}], "devices": [AllocatedDeviceStatus
+as API JSON]}}``); :func:`with_devices` and :func:`encode`
 build the update body.
 """
 
@@ -184,6 +185,16 @@ def _config_json(c: pb.DeviceAllocationConfiguration) -> dict[str, Any]:
     return out
 
 
+def _consumer_json(encoded: bytes) -> dict[str, Any]:
+    """One ``status.reservedFor`` entry as API JSON (``apiGroup`` only when set, as the API
+    server's JSON omits an empty one)."""
+    r = pb.ResourceClaimConsumerReference.FromString(encoded)
+    out: dict[str, Any] = {"resource": r.resource, "name": r.name, "uid": r.uid}
+    if r.apiGroup:
+        out["apiGroup"] = r.apiGroup
+    return out
+
+
 def _allocation_json(a: pb.AllocationResult) -> dict[str, Any]:
     """``status.allocation`` as API JSON: the devices' results and configs (the fields
     :mod:`dra_driver.prepare.allocation` reads, each only when set, as the API server's JSON
@@ -205,6 +216,8 @@ def view(claim: pb.ResourceClaim) -> dict[str, Any]:
     """
     try:
         status: dict[str, Any] = {"devices": [device_json(d) for d in claim.status.devices]}
+        if claim.status.reservedFor:
+            status["reservedFor"] = [_consumer_json(r) for r in claim.status.reservedFor]
         if claim.status.HasField("allocation"):
             allocation = pb.AllocationResult.FromString(claim.status.allocation)
             status["allocation"] = _allocation_json(allocation)

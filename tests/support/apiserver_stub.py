@@ -231,6 +231,13 @@ class ClaimStatusServer(ClaimServer):
         )
         if key in self.allocations:
             message.status.allocation = self.allocations[key]
+        for r in (claim.get("status") or {}).get("reservedFor") or []:
+            ref = pb.ResourceClaimConsumerReference(
+                resource=r["resource"], name=r["name"], uid=r["uid"]
+            )
+            if r.get("apiGroup"):
+                ref.apiGroup = r["apiGroup"]
+            message.status.reservedFor.append(ref.SerializeToString())
         for d in (claim.get("status") or {}).get("devices") or []:
             message.status.devices.append(claimwire.device_message(d))
         return claimwire.encode(message)

@@ -502,7 +502,8 @@ def test_claims_remembered_are_bounded(node: Node, api: ClaimStatusServer) -> No
 def test_the_protobuf_view_is_the_allocation_prepare_plans_from() -> None:
     """What a claim's allocation looks like read in protobuf and viewed as API JSON equals its
     JSON, for every field Prepare reads (results with share IDs, consumed capacity and admin
-    access; configs of ours and another driver's, with and without requests)."""
+    access; configs of ours and another driver's, with and without requests; the consumers
+    it is reserved for)."""
     results = [
         cf.result("gpu-0", NODE, request="a", share_id=str(uuid.uuid4()), slots="2"),
         cf.result("gpu-1", NODE, request="b/c", share_id=str(uuid.uuid4()), memory="1536Mi"),
@@ -512,7 +513,11 @@ def test_the_protobuf_view_is_the_allocation_prepare_plans_from() -> None:
         cf.opaque(requests=["a"], computeMode="sm-sharing"),
         {**OTHER_DRIVER_CONFIG, "source": "FromClass"},
     ]
-    claim = cf.on_node(cf.claim(results, configs), NODE)
+    pods = [
+        {"resource": "pods", "name": "web", "uid": str(uuid.uuid4())},
+        {"apiGroup": "example.com", "resource": "jobs", "name": "j", "uid": str(uuid.uuid4())},
+    ]
+    claim = cf.on_node(cf.claim(results, configs, reserved_for=pods), NODE)
     with ClaimStatusServer() as server:
         server.add(claim, client=json.dumps)
         message = decode(
@@ -521,6 +526,9 @@ def test_the_protobuf_view_is_the_allocation_prepare_plans_from() -> None:
     got = view(message)
     assert got["metadata"]["uid"] == claim["metadata"]["uid"]
     assert got["status"]["allocation"]["devices"] == claim["status"]["allocation"]["devices"]
+    # the pods the claim is reserved for: the shared-GPU warning reads them (found by review:
+    # the protobuf view dropped them, and the warning never fired on a real API server)
+    assert got["status"]["reservedFor"] == claim["status"]["reservedFor"]
 
 
 def test_a_consumer_rewrite_starts_from_the_last_update_and_reads_nothing(

@@ -12,7 +12,8 @@ from structlog.testing import capture_logs
 from dra_driver.model.plans import ClaimRef
 from dra_driver.prepare.preparation import ClaimPreparation
 from tests.support import claimfactory as cf
-from tests.support.node import Node
+from tests.support.apiserver_stub import ClaimStatusServer
+from tests.support.node import NODE, Node
 
 EVENT = "two claims of one pod on one GPU"
 
@@ -86,3 +87,21 @@ def test_no_warning_for_other_gpus_or_other_pods(node: Node) -> None:
         assert _prepare(preparation, shared) == []
     finally:
         preparation.close()
+
+
+def test_warned_when_the_claims_are_read_in_protobuf(node: Node) -> None:
+    """The real API server answers Prepare's read in protobuf; its view dropped
+    ``status.reservedFor`` and this warning never fired there (found by review)."""
+    web = cf.pod("web")
+    first, second = (
+        cf.on_node(cf.claim([node.share(0, "quarter")], reserved_for=[web]), NODE) for _ in range(2)
+    )
+    with ClaimStatusServer() as server:
+        for c in (first, second):
+            server.add(c)
+        preparation = node.preparation(claims=server)
+        try:
+            [warning] = _prepare(preparation, first, second)
+        finally:
+            preparation.close()
+    assert warning["other_claim_uid"] == first["metadata"]["uid"]
