@@ -75,6 +75,7 @@ class MpsObjects:
         self.sleep = sleep
         self._pids: dict[tuple[str, str], int | None] = {}
         self._seen: dict[tuple[str, str], float] = {}
+        self._joined: set[tuple[str, str]] = set()
         self.clock: Callable[[], float] = time.monotonic
         self.created: set[tuple[str, str, str]] = set()
         """``(mode, server, namespace)`` of each namespace :meth:`ensure_namespace` created
@@ -82,7 +83,11 @@ class MpsObjects:
 
     def server_pid(self, mode: str, name: str) -> int | None:
         """The PID of server ``name`` of ``mode``'s daemon when :meth:`ensure_server` last saw
-        it (None: not seen, or ``server list`` shows no PID)."""
+        it (None: not seen, ``server list`` shows no PID, or a namespace was created on it
+        without listing since: another may have replaced the server in between, and a PID
+        recorded then would report an outage that did not happen)."""
+        if (mode, name) in self._joined:
+            return None
         return self._pids.get((mode, name))
 
     def servers(self) -> Iterator[tuple[str, MpsDaemon, ServerRow]]:
@@ -137,6 +142,7 @@ class MpsObjects:
             self._seen.pop((t.mode, t.server), None)
             return None
         self.created.add((daemon.mode, t.server, t.namespace))
+        self._joined.add((t.mode, t.server))
         return self._pipe(daemon, t, self.first_limits(daemon.control, t, blind=True))
 
     def ensure_server(
@@ -156,6 +162,7 @@ class MpsObjects:
         """
         ctl = daemon.control
         row = _row(ctl, name) if rows is None else next((r for r in rows if r.name == name), None)
+        self._joined.discard((daemon.mode, name))
         if row is not None and server_ok(row, gpus):
             self._pids[(daemon.mode, name)] = server_pid(row.pid)
             seal_server(daemon, name)  # one declared in the -a file has the default modes
@@ -276,8 +283,10 @@ class MpsObjects:
 
         ``blind``: created without listing first. Should MPS accept creating a namespace that
         exists (not seen with the emulator; not verified on hardware), its clients are those
-        of a running pod, not early ones: a namespace that already has the claim's limits is
-        taken as it is, and nothing is terminated.
+        of a running pod, not early ones. Only a namespace without a memory limit (one just
+        made) has its clients terminated; one that has limits is taken as it is when they
+        are the claim's, else refused as a drift with clients attached (:meth:`repair_limits`),
+        and nothing is terminated.
 
         Raises:
             MpsError: as :meth:`set_limits`, also when clients keep attaching.
@@ -292,8 +301,9 @@ class MpsObjects:
                     raise
                 if blind:
                     row = next((r for r in ctl.namespace_list(srv, ns) if r.name == ns), None)
-                    if row is not None and not namespace_drift(row, t):
-                        return row
+                    if row is not None and row.has_memory_limit:  # not made just now
+                        drift = namespace_drift(row, t)
+                        return self.repair_limits(ctl, t, drift) if drift else row
                 log.warning(
                     "clients attached to a new MPS namespace before its limits were set; "
                     "terminating them so that no process runs without the claim's limits",

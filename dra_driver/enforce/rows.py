@@ -6,6 +6,9 @@ from __future__ import annotations
 import csv
 from dataclasses import dataclass
 
+from dra_driver.enforce.base import MpsError
+from dra_driver.enforce.names import parse_memory
+
 
 @dataclass(frozen=True)
 class ServerRow:
@@ -34,6 +37,15 @@ class NamespaceRow:
     active_thread_percentage: str
     client_priority: str
     pipe_directory: str
+
+    @property
+    def has_memory_limit(self) -> bool:
+        """Whether a pinned memory limit is shown (a namespace just created shows none,
+        ``unlimited``; an unreadable value counts as none)."""
+        try:
+            return parse_memory(self.pinned_memory_limit) is not None
+        except MpsError:
+            return False
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import time
 import tomllib
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -741,3 +742,59 @@ def test_release_of_a_namespace_already_gone_lists_it_and_succeeds(tmp_path: Pat
     assert node.mps.commands()[-1] == f"namespace list --server=gpu_0 {CSV}"
     assert set(namespaces(node, "time-slicing")) == {ns(UID_A)}
     assert UID_B not in node.enforcer._claims
+
+
+def test_a_blind_create_on_a_drifted_namespace_is_a_drift_not_early_clients(
+    tmp_path: Path,
+) -> None:
+    """Found by review. Should MPS accept a namespace twice (unverified), a claim the other
+    plugin pod of a rolling update prepared, under another default SM percentage, reaches
+    this process blind: its namespace has limits, not the ones planned here, and the pod's
+    client is attached. That is a drift with clients attached, refused as a restore or a
+    repair refuses it (the message says to restart the pods), not clients attached before
+    the limits were set (which were terminated and the limits re-set under them). The failed
+    apply then rolls the claim back like any failed apply (noted: that removes the namespace
+    in both paths)."""
+    node = Node(tmp_path)
+    g = node.gpus[0]
+    a = plan(device(g, GIB, mode="sm-sharing"), uid=UID_A)
+    node.enforcer.apply(a)
+    pipe = node.pipe("sm-sharing")
+    node.mps.add_client(pipe, "gpu_0", ns(UID_A))
+    opts = replace(node.options, default_active_thread_percentage=50)
+    other = MpsEnforcer(node.tiers, node.nvml, node.mps, opts, sleep=node.sleeps.append)
+    other.apply(plan(device(g, GIB, mode="sm-sharing"), uid=UID_B))  # it has seen gpu_0 Ready
+    real = node.mps.run
+
+    def run(argv, env=None, input=None, timeout=None):  # type: ignore[no-untyped-def]
+        if list(argv[1:4]) == ["namespace", "create", ns(UID_A)]:
+            return real([argv[0], "server", "list", CSV], env, input, timeout)
+        return real(argv, env, input, timeout)
+
+    node.mps.run = run  # type: ignore[method-assign]
+    before = len(node.mps.commands())
+    with pytest.raises(MpsError, match="expected 50, and 1 client\\(s\\) attached"):
+        other.apply(a)
+    sets = [c for c in node.mps.commands()[before:] if c.startswith("namespace set")]
+    assert len(sets) == 1  # the refused first set; never re-set after terminating
+
+
+def test_a_claim_joining_blindly_records_no_server_pid(tmp_path: Path) -> None:
+    """Found by review: a server replaced by someone else (the MPS node service after a daemon
+    restart) less than 30 s after this process saw it; a new claim joining it blindly recorded
+    the old PID, and the next health check told its pods they had lost their MPS server. Now
+    its PID is unknown until a list: only the claim whose server really was replaced is told."""
+    node = Node(tmp_path)
+    got: list[Any] = []
+    node.enforcer.report_outages(got.extend)
+    g = node.gpus[0]
+    node.enforcer.apply(plan(device(g, GIB), uid=UID_A))
+    env, binary = node.mps.envs[-1], node.mps.calls[-1][0]
+    for args in (
+        ["server", "delete", "gpu_0", "--force"],
+        ["server", "create", "gpu_0", "--uid=0", f"--allowed-devices={g.uuid}"],
+    ):
+        assert node.mps.run([binary, *args], env).ok, args
+    node.enforcer.apply(plan(device(g, GIB), uid=UID_B))
+    node.enforcer.check_health()
+    assert [o.claim.uid for o in got] == [UID_A]
