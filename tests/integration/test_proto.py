@@ -248,6 +248,14 @@ SUBSET = {
     "Condition": f"{META}.Condition",
     "Time": f"{META}.Time",
     "RawExtension": f"{RUNTIME}.RawExtension",
+    "DeviceAllocationResult": f"{RESOURCE}.DeviceAllocationResult",
+    "DeviceRequestAllocationResult": f"{RESOURCE}.DeviceRequestAllocationResult",
+    "Quantity": ".k8s.io.apimachinery.pkg.api.resource.Quantity",
+    "DeviceAllocationConfiguration": f"{RESOURCE}.DeviceAllocationConfiguration",
+    "DeviceConfiguration": f"{RESOURCE}.DeviceConfiguration",
+    "OpaqueDeviceConfiguration": f"{RESOURCE}.OpaqueDeviceConfiguration",
+    "ResourceClaimConsumerReference": f"{RESOURCE}.ResourceClaimConsumerReference",
+    "Status": f"{META}.Status",
 }
 """Our message of the subset -> the Kubernetes API message it stands for."""
 
@@ -281,6 +289,17 @@ def test_resource_claim_subset_has_the_api_field_numbers(api_messages: dict[str,
     k8s_resourceclaim_pb2.DESCRIPTOR.CopyToProto(ours)
     assert sorted(m.name for m in ours.message_type) == sorted(SUBSET)
     stand_in = {f".{ours.package}.{name}": full for name, full in SUBSET.items()}
+    for message in ours.message_type:  # map fields: their entry types, nested in the message
+        for entry in message.nested_type:
+            stand_in[f".{ours.package}.{message.name}.{entry.name}"] = (
+                f"{SUBSET[message.name]}.{entry.name}"
+            )
+            value = next(f for f in entry.field if f.name == "value")
+            their_entry = next(
+                n for n in api_messages[SUBSET[message.name]].nested_type if n.name == entry.name
+            )
+            their_value = next(f for f in their_entry.field if f.name == "value")
+            assert stand_in[value.type_name] == their_value.type_name, entry.name
     for message in ours.message_type:
         theirs = {f.name: f for f in api_messages[SUBSET[message.name]].field}
         for field in message.field:
