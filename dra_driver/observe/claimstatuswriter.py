@@ -60,7 +60,11 @@ from dra_driver.prepare.claims import ClaimWire, is_protobuf
 log = structlog.get_logger(__name__)
 
 REMEMBERED = 1024
-"""Claims read by Prepare kept for their first status write (:meth:`ClaimStatusWriter.remember`)."""
+"""Claims kept for their next status write (:meth:`ClaimStatusWriter.remember`)."""
+REMEMBERED_BYTES = 16 * 1024 * 1024
+"""Encoded bytes of those claims at most (a claim can be large: 32 opaque configurations of
+10 KiB; a tenant cycling failing claims near that size grew the plugin by 600 MiB when only
+their number was bounded, found by review)."""
 
 RBAC_HINT = (
     "grant the plugin's service account update on resourceclaims/status and "
@@ -208,7 +212,8 @@ class ClaimStatusWriter:
         self._root: set[str] = set()
         self._consumers: dict[str, tuple[str, ...]] = {}
         self._clients: dict[str, ClientsCondition] = {}
-        self._read: dict[str, pb.ResourceClaim] = {}
+        self._read: dict[str, tuple[pb.ResourceClaim, int]] = {}
+        self._read_bytes = 0
         self._read_lock = threading.Lock()
 
     @classmethod
@@ -238,16 +243,27 @@ class ClaimStatusWriter:
         update: the next write of it starts from this message instead of reading the claim
         again (one API request fewer per write). A claim changed since (another pod reserved
         it) makes that update a 409 conflict, and the retry reads it. At most
-        :data:`REMEMBERED` claims are kept, the oldest dropped first."""
+        :data:`REMEMBERED` claims and :data:`REMEMBERED_BYTES` are kept, the oldest dropped
+        first."""
+        size = message.ByteSize()
         with self._read_lock:
-            self._read.pop(message.metadata.uid, None)
-            self._read[message.metadata.uid] = message
-            while len(self._read) > REMEMBERED:
-                del self._read[next(iter(self._read))]
+            self._forget(message.metadata.uid)
+            self._read[message.metadata.uid] = (message, size)
+            self._read_bytes += size
+            while len(self._read) > REMEMBERED or self._read_bytes > REMEMBERED_BYTES:
+                self._forget(next(iter(self._read)))
+
+    def _forget(self, uid: str) -> pb.ResourceClaim | None:
+        """Drop ``uid``'s remembered message (lock held); returns it."""
+        kept = self._read.pop(uid, None)
+        if kept is None:
+            return None
+        self._read_bytes -= kept[1]
+        return kept[0]
 
     def _take(self, uid: str) -> pb.ResourceClaim | None:
         with self._read_lock:
-            return self._read.pop(uid, None)
+            return self._forget(uid)
 
     def observe(self, plan: ClaimPlan, consumers: ClaimConsumers) -> None:
         """``plan``'s claim has other running consumers, or a container that runs as root

@@ -17,8 +17,18 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+PENDING_S = 30.0
+"""Seconds a write of the publisher may wait for its watch event before the cache stops
+waiting for it (the watch delivers events in order: one not seen by then was superseded, e.g.
+a newer change applied before the write's answer came)."""
+HISTORY = 8
+"""Resource versions remembered per slice from the watch (to recognise a write whose event
+came before its answer and was then superseded)."""
 
 
 def _name(obj: Mapping[str, Any]) -> str:
@@ -32,13 +42,15 @@ def _version(obj: Mapping[str, Any]) -> str:
 class SliceCache:
     """The slices of one node and driver by name, with the resource version to watch from."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._lock = threading.Lock()
+        self._clock = clock
         self._items: dict[str, Mapping[str, Any]] = {}
         self._synced = False
         self._version = ""
-        self._written: dict[str, str] = {}
-        self._deleted: set[str] = set()
+        self._written: dict[str, tuple[str, float]] = {}
+        self._deleted: dict[str, float] = {}
+        self._seen: dict[str, deque[str]] = {}
 
     @property
     def resource_version(self) -> str:
@@ -46,15 +58,24 @@ class SliceCache:
         with self._lock:
             return self._version
 
-    def replace(self, items: Sequence[Mapping[str, Any]], resource_version: str) -> None:
+    def replace(self, items: Sequence[Mapping[str, Any]], resource_version: str) -> str:
         """Fill from a LIST (its ``items`` and ``metadata.resourceVersion``); pending writes are
-        forgotten (the list shows them, or their absence)."""
+        forgotten (the list shows them, or their absence). Returns how the list differs from
+        what the cache held when it was filled before (a watch that broke may have missed
+        events): ``DELETED`` (a slice is gone), ``MODIFIED`` (another change) or ``""``."""
+        fresh = {_name(o): copy.deepcopy(o) for o in items}
         with self._lock:
-            self._items = {_name(o): copy.deepcopy(o) for o in items}
+            before = {n: _version(o) for n, o in self._items.items()} if self._synced else None
+            self._items = fresh
             self._version = resource_version
             self._written.clear()
             self._deleted.clear()
+            self._seen = {n: deque([_version(o)], maxlen=HISTORY) for n, o in fresh.items()}
             self._synced = True
+        now = {n: _version(o) for n, o in fresh.items()}
+        if before is None or before == now:
+            return ""
+        return "DELETED" if set(before) - set(now) else "MODIFIED"
 
     def invalidate(self) -> None:
         """The watch ended without a resource version to resume from (410 Gone, an error):
@@ -65,8 +86,12 @@ class SliceCache:
 
     def snapshot(self) -> list[Mapping[str, Any]] | None:
         """The cached slices (copies), or None when the publisher must list: not filled yet,
-        the watch broken, or a write of this publisher not yet seen in the watch."""
+        the watch broken, or a write of this publisher not yet seen in the watch (for at most
+        :data:`PENDING_S` seconds)."""
         with self._lock:
+            late = self._clock() - PENDING_S
+            self._written = {n: w for n, w in self._written.items() if w[1] > late}
+            self._deleted = {n: at for n, at in self._deleted.items() if at > late}
             if not self._synced or self._written or self._deleted:
                 return None
             return [copy.deepcopy(o) for _, o in sorted(self._items.items())]
@@ -76,14 +101,14 @@ class SliceCache:
         Its event may have come first (the watch can beat the answer): then nothing waits."""
         name, version = _name(stored), _version(stored)
         with self._lock:
-            if _version(self._items.get(name) or {}) != version:
-                self._written[name] = version
+            if version not in self._seen.get(name, ()):
+                self._written[name] = (version, self._clock())
 
     def deleted(self, name: str) -> None:
         """The publisher deleted the slice ``name`` (unless its event came first)."""
         with self._lock:
             if name in self._items:
-                self._deleted.add(name)
+                self._deleted[name] = self._clock()
 
     def apply(self, event_type: str, obj: Mapping[str, Any]) -> bool:
         """Apply one watch event (``ADDED``, ``MODIFIED``, ``DELETED``, ``BOOKMARK``) and move
@@ -98,12 +123,11 @@ class SliceCache:
             if event_type == "DELETED":
                 self._items.pop(name, None)
                 self._written.pop(name, None)
-                if name in self._deleted:
-                    self._deleted.discard(name)
-                    return False
-                return True
+                self._seen.pop(name, None)
+                return self._deleted.pop(name, None) is None
             self._items[name] = copy.deepcopy(obj)
-            if self._written.get(name) == version:
+            self._seen.setdefault(name, deque(maxlen=HISTORY)).append(version)
+            if self._written.get(name, ("", 0.0))[0] == version:
                 del self._written[name]
                 return False
             return True

@@ -6,7 +6,9 @@ resource version about once a minute, so a resumed watch is not refused as too o
 after a random 5 to 10 minutes (``timeoutSeconds``; client-go's reflector picks from the same
 range, so a fleet's watches do not reconnect in step). An idle node costs one watch request per
 5 to 10 minutes. A watch refused with 410 Gone (its resource version compacted away) or
-broken by an error lists again; errors wait :data:`RETRY_S` seconds first.
+broken by an error lists again, and what the list shows that the cache lacked is reported as
+a change; errors, a connection silent for :data:`READ_TIMEOUT_S` seconds and a watch closed
+at once wait :data:`RETRY_S` seconds first.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import random
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,8 +31,15 @@ log = structlog.get_logger(__name__)
 
 WATCH_S = (300, 600)
 """Bounds of one watch's ``timeoutSeconds`` (client-go's reflector: 5 minutes, up to twice)."""
-READ_SLACK_S = 30
-"""Seconds past ``timeoutSeconds`` before a silent connection counts as dead."""
+READ_TIMEOUT_S = 150
+"""Seconds without a byte before a watch's connection counts as dead: the API server sends a
+bookmark about once a minute (``defaultBookmarkFrequency``, k8s.io/apiserver
+pkg/storage/cacher), so a connection silent for 2.5 minutes is gone (a dropped connection
+leaves no error to read)."""
+SHORT_S = 1.0
+"""A watch that ends sooner without an event counts as failed (client-go's reflector does
+the same): something between here and the API server closes it, and reopening at once would
+spin."""
 RETRY_S = 5.0
 """Seconds before a failed list or watch is tried again."""
 
@@ -82,7 +92,9 @@ class SliceWatch:
             try:
                 if not self.cache.resource_version:
                     self.relist()
-                self.follow(stop)
+                started = time.monotonic()
+                if self.follow(stop) == 0 and time.monotonic() - started < SHORT_S:
+                    raise WatchEnded(None, f"watch closed within {SHORT_S:g} s with no event")
             except Exception as exc:  # API server away, 410 Gone: list again
                 self.cache.invalidate()
                 if not (isinstance(exc, WatchEnded) and exc.code == GONE):
@@ -90,13 +102,17 @@ class SliceWatch:
                     stop.wait(RETRY_S)
 
     def relist(self) -> None:
-        """LIST the slices into the cache (one request)."""
+        """LIST the slices into the cache (one request); a difference from what the cache
+        held (events the broken watch missed) is reported to ``on_change``."""
         doc = self._to_json(self._list(field_selector=self._selector))
-        self.cache.replace(doc.get("items") or [], doc["metadata"]["resourceVersion"])
+        missed = self.cache.replace(doc.get("items") or [], doc["metadata"]["resourceVersion"])
+        if missed:
+            self._on_change(missed)
 
-    def follow(self, stop: threading.Event) -> None:
+    def follow(self, stop: threading.Event) -> int:
         """One WATCH from the cache's resource version, its events applied, until the server
-        ends it (``timeoutSeconds``) or ``stop`` is set.
+        ends it (``timeoutSeconds``) or ``stop`` is set; returns the events seen (bookmarks
+        included).
 
         Raises:
             WatchEnded: an ERROR event (410: the resource version is too old, relist).
@@ -109,14 +125,16 @@ class SliceWatch:
             resource_version=self.cache.resource_version,
             timeout_seconds=timeout,
             _preload_content=False,
-            _request_timeout=(10, timeout + READ_SLACK_S),
+            _request_timeout=(10, READ_TIMEOUT_S),
         )
+        events = 0
         try:
             for line in iter_resp_lines(resp):
                 if stop.is_set():
-                    return
+                    return events
                 if not line:
                     continue
+                events += 1
                 event = json.loads(line)
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":
@@ -127,3 +145,4 @@ class SliceWatch:
                     self._on_change(kind)
         finally:
             resp.release_conn()
+        return events

@@ -25,7 +25,12 @@ from dra_driver.observe.claimstatus import (
     already_written,
     device_entries,
 )
-from dra_driver.observe.claimstatuswriter import REMEMBERED, ApiClaimStatus, ClaimStatusWriter
+from dra_driver.observe.claimstatuswriter import (
+    REMEMBERED,
+    REMEMBERED_BYTES,
+    ApiClaimStatus,
+    ClaimStatusWriter,
+)
 from dra_driver.observe.consumers import ClaimConsumers, Consumer
 from dra_driver.prepare.claimwire import (
     MAGIC,
@@ -497,6 +502,11 @@ def test_claims_remembered_are_bounded(node: Node, api: ClaimStatusServer) -> No
     for i in range(REMEMBERED + 5):
         w.remember(pb.ResourceClaim(metadata=pb.ObjectMeta(uid=f"uid-{i}")))
     assert len(w._read) == REMEMBERED and "uid-0" not in w._read
+    big = b"x" * (REMEMBERED_BYTES // 4)  # a claim near the API's size limits, four times over
+    for i in range(6):
+        w.remember(pb.ResourceClaim(metadata=pb.ObjectMeta(uid=f"big-{i}"), spec=big))
+    assert w._read_bytes <= REMEMBERED_BYTES
+    assert "big-5" in w._read and "big-0" not in w._read
 
 
 def test_the_protobuf_view_is_the_allocation_prepare_plans_from() -> None:

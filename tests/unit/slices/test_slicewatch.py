@@ -11,7 +11,7 @@ from typing import Any
 from kubernetes import client as k8s
 
 from dra_driver.publish.publisher import SlicePublisher
-from dra_driver.publish.slicecache import SliceCache
+from dra_driver.publish.slicecache import PENDING_S, SliceCache
 from dra_driver.publish.slicewatch import SliceWatch
 from tests.unit.slices.test_publisher import DRIVER, NODE, FakeResourceV1Api, desired
 
@@ -187,3 +187,58 @@ def test_a_round_with_a_current_cache_makes_no_request() -> None:
         pub.cache.apply("MODIFIED", stored)
     api.calls.clear()
     assert pub.publish(gpu_gone).writes == 0 and sum(api.calls.values()) == 0
+
+
+def test_a_write_superseded_before_its_answer_leaves_nothing_waiting() -> None:
+    """Found by review: the write's own event and a newer one (someone's edit) both came before
+    the write's answer; the write then waited for its version forever and every round listed."""
+    cache = SliceCache()
+    cache.replace([obj("a", "5")], "5")
+    cache.apply("MODIFIED", obj("a", "8"))  # the publisher's replace
+    cache.apply("MODIFIED", obj("a", "9"))  # an admin's label, just after
+    cache.wrote(obj("a", "8"))
+    assert (cache.snapshot() or [])[0]["metadata"]["resourceVersion"] == "9"
+
+
+def test_a_write_whose_event_never_comes_is_waited_for_a_while_only() -> None:
+    now = [100.0]
+    cache = SliceCache(clock=lambda: now[0])
+    cache.replace([obj("a", "5")], "5")
+    cache.apply("DELETED", obj("a", "6"))  # deleted by someone ...
+    cache.apply("ADDED", obj("a", "7"))  # ... and made again, before our delete's answer
+    cache.deleted("a")
+    assert cache.snapshot() is None
+    now[0] += PENDING_S + 1
+    assert [s["metadata"]["name"] for s in cache.snapshot() or []] == ["a"]
+
+
+def test_a_relist_reports_what_the_broken_watch_missed() -> None:
+    changes: list[str] = []
+    api = WatchApi([obj("a", "5"), obj("b", "5")], [])
+    cache = SliceCache()
+    watch = SliceWatch(
+        api.list_resource_slice, "", cache, changes.append, SERIALIZER.sanitize_for_serialization
+    )
+    watch.relist()
+    assert changes == []  # the first fill is no change
+    api.items = [obj("a", "5")]  # b deleted while the watch was down
+    watch.relist()
+    api.items = [obj("a", "9")]
+    watch.relist()
+    assert changes == ["DELETED", "MODIFIED"]
+
+
+def test_a_watch_closed_at_once_is_not_reopened_in_a_loop() -> None:
+    """Found by review: a proxy that answers a watch with 200 and closes it at once had the
+    watch reopened about 100,000 times in half a second."""
+    stop = threading.Event()
+    api = WatchApi([obj("a", "5")], [Stream([]) for _ in range(1000)])
+    cache = SliceCache()
+    watch = SliceWatch(
+        api.list_resource_slice, "", cache, lambda _: None, SERIALIZER.sanitize_for_serialization
+    )
+    timer = threading.Timer(0.5, stop.set)
+    timer.start()
+    watch.run(stop)
+    timer.join()
+    assert sum(1 for c in api.calls if c.get("watch")) <= 2
