@@ -18,7 +18,7 @@
 # fails and says how to update devtools/image-packages.txt.
 FROM --platform=linux/amd64 docker.io/library/debian:bookworm AS build
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-pip mmdebstrap
+ && apt-get install -y --no-install-recommends python3 python3-pip mmdebstrap gcc libc6-dev
 WORKDIR /src
 COPY pyproject.toml requirements-image.txt ./
 COPY hack/build-image hack/

@@ -49,6 +49,7 @@ unit: $(STAMP)
 INTEGRATION_TOOLS := etcd kube-apiserver kube-controller-manager kube-scheduler helm
 
 integration: $(STAMP)
+	hack/install-node-prereqs
 	hack/build-k8s $(INTEGRATION_TOOLS)
 	$(PY) -m pytest -m 'integration and not e2e and not gpu' -q
 

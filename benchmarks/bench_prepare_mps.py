@@ -8,15 +8,16 @@ Floors, interleaved with the samples so machine noise hits both alike:
   rename (as ``bench_prepare.py``);
 - ``noop_start``: starting ``/bin/true``, against ``control_start``: the emulator's
   ``nvidia-cuda-mps-control`` answering a command with no daemon to ask. NVIDIA's program is
-  compiled and starts about as fast as a no-op; ``control_start_ratio_to_noop`` says how much
-  of each MPS command below is the emulator's own start, not the driver. ``python_start``: a
-  bare ``python3 -I -S`` (the launchers' interpreter), the floor of any Python emulator.
+  compiled and starts about as fast as a no-op, and so is the emulator's (``control_client.c``);
+  ``control_start_ratio_to_noop`` says how much of each MPS command below is the emulator's own
+  start, not the driver. ``python_start``: a bare ``python3 -I -S``, the floor of a Python
+  client (the emulator's was one until its client was compiled: 88 ms a command).
 
-The emulator's launchers run ``python3`` from ``PATH`` (``#!/usr/bin/env -S python3 -I -S``;
-the image pins ``/usr/bin/python3.11``). Where ``python3`` on ``PATH`` is a version manager's
-shim (pyenv's is a shell script: about 110 ms a start on the 2-core machines, against 10 ms for
-the interpreter itself), every MPS command would pay it; the benchmark puts this interpreter's
-directory first on ``PATH``, so that it measures the emulator, not the shim.
+The emulator's daemon and servers run ``python3`` from ``PATH`` (``#!/usr/bin/env -S python3 -I
+-S``; the image pins ``/usr/bin/python3.11``). Where ``python3`` on ``PATH`` is a version
+manager's shim (pyenv's is a shell script: about 110 ms a start on the 2-core machines, against
+10 ms for the interpreter itself), each daemon or server start would pay it; the benchmark puts
+this interpreter's directory first on ``PATH``, so that it measures the emulator, not the shim.
 
 The node: 2 simulated H200s. A resident quarter on GPU 0 (time-slicing) keeps its MPS server
 running; each timed call prepares one more quarter on GPU 0 (a claim joining a GPU whose server

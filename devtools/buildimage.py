@@ -59,6 +59,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from dra_driver.mpsemu.paths import CLIENT_SOURCE, emulator_path, python_program
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = Path(__file__).resolve()
 PACKAGES_FILE = Path(__file__).resolve().parent / "image-packages.txt"
@@ -67,6 +69,8 @@ PACKAGE_DIR = ROOT / "dra_driver"
 IMAGES = ("plugin", "pause", "busybox", "tenant")
 PROBE = PACKAGE_DIR / "mpsemu" / "probe.py"
 LAUNCHERS = PACKAGE_DIR / "mpsemu" / "bin"
+CONTROL_CLIENT = LAUNCHERS / "nvidia-cuda-mps-control"
+"""The emulator's compiled control program: built from its source, not copied."""
 
 # The images are linux/amd64 only: the pinned .debs, the wheel platform tags and the
 # dynamic loader used to run the image's own python3.11 while building.
@@ -510,10 +514,12 @@ def unpack_wheel(whl: Path, site: Path) -> None:
 
 
 def package_sources() -> list[Path]:
-    """The dra_driver files that go into the image: its Python modules and the MPS
-    emulator's launchers (:func:`launcher_text`)."""
+    """The dra_driver files that make the image: its Python modules, the MPS emulator's
+    launchers (:func:`launcher_text`) and the source of its compiled control program
+    (:data:`CLIENT_SOURCE`, compiled into the image as :data:`CONTROL_CLIENT`)."""
     modules = [p for p in PACKAGE_DIR.rglob("*.py") if "__pycache__" not in p.parts]
-    return sorted([*modules, *LAUNCHERS.iterdir()])
+    launchers = [p for p in LAUNCHERS.iterdir() if p != CONTROL_CLIENT and p.name[:1] != "."]
+    return sorted([*modules, *launchers, CLIENT_SOURCE])
 
 
 def launcher_text(src: Path) -> str:
@@ -551,7 +557,11 @@ def assemble_plugin(root: Path, debs: list[Deb], wheels: list[Path]) -> None:
     for src in package_sources():
         dest = site / src.relative_to(ROOT)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        if src.parent == LAUNCHERS:
+        if src == CLIENT_SOURCE:
+            dest = site / CONTROL_CLIENT.relative_to(ROOT)
+            shutil.copyfile(emulator_path(), dest)
+            dest.chmod(0o755)
+        elif src.parent == LAUNCHERS:
             write(site, str(dest.relative_to(site)), launcher_text(src), 0o755)
         else:
             shutil.copyfile(src, dest)
@@ -568,8 +578,7 @@ def assemble_plugin(root: Path, debs: list[Deb], wheels: list[Path]) -> None:
          "-s", str(root), "-p", "/", str(root / "usr/lib" / PYTHON), str(site)],
     )  # fmt: skip
     rootfs_python(root, ["-c", "import dra_driver.app.cli, grpc, kubernetes, pynvml, yaml"])
-    emulator = site / "dra_driver/mpsemu/bin/nvidia-cuda-mps-control"
-    rootfs_python(root, [str(emulator), "-h"])
+    rootfs_python(root, [str(site / python_program().relative_to(ROOT)), "-h"])
 
 
 def assemble_tenant(root: Path, debs: list[Deb]) -> None:
@@ -751,8 +760,10 @@ def cache_dir() -> Path:
 
 
 def tool_versions() -> list[str]:
-    """The versions of the Debian tools that write the bytes (part of the inputs)."""
-    return [run([tool, "--version"]).stdout.strip() for tool in ("mmdebstrap", "umoci", "tar")]
+    """The versions of the Debian tools and the C compiler that write the bytes (part of the
+    inputs)."""
+    tools = ("mmdebstrap", "umoci", "tar", os.environ.get("CC", "cc"))
+    return [run([tool, "--version"]).stdout.strip() for tool in tools]
 
 
 def inputs_hash(image: str, ref: str, debs: list[Deb], mtime: int, tools: list[str]) -> str:

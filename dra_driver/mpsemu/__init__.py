@@ -21,7 +21,10 @@ the usual ``CUDA_MPS_PIPE_DIRECTORY``/``CUDA_MPS_LOG_DIRECTORY``/``CUDA_MPS_PROT
 - ``python3 probe.py`` (:mod:`.probe`, standard library only) is a tenant: with
   ``CUDA_MPS_PIPE_DIRECTORY`` at a namespace directory it attaches and reports its limits.
 
-The launchers are files in ``bin/``, not console scripts, so that nothing named like NVIDIA's
-programs lands on ``PATH``. The package imports nothing itself: the control program runs once
-per MPS command and loads only what a client needs (:mod:`.cli`).
+The programs are files in ``bin/``, not console scripts, so that nothing named like NVIDIA's
+programs lands on ``PATH``. The driver runs the control program once per MPS command, so the
+``nvidia-cuda-mps-control`` it runs is compiled (``control_client.c``, built by
+:func:`.paths.emulator_path`) and starts as fast as NVIDIA's: it sends plain commands itself
+and hands the rest (``-d``, ``-f``, ``-q``, ``-h``, help) to the Python program
+``bin/nvidia-cuda-mps-control-py`` (:mod:`.cli`). The package imports nothing itself.
 """

@@ -7,11 +7,11 @@
   daemon's answer is printed (stdout, stderr) with its rc; with no daemon there, ``Cannot find
   MPS control daemon process`` and rc 1.
 
-A client is what the driver runs for every MPS command, so it imports only what it needs (the
-grammar and the wire): NVIDIA's program is compiled and starts in about a millisecond, and an
-emulator that spent a tenth of a second importing the daemon's machinery per command would
-make a benchmark of the driver measure the emulator. The daemon's modules load for ``-d`` and
-``-f`` only.
+This is the Python program (``bin/nvidia-cuda-mps-control-py``) and the reference for every
+answer. The program the driver runs per MPS command is the compiled client
+(``control_client.c``), which sends plain commands itself, as this module does, and hands
+everything else to this one. A client here still imports only what it needs (the grammar and
+the wire); the daemon's modules load for ``-d`` and ``-f`` only.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from dra_driver.model.commands import Completed
 from dra_driver.mpsemu.grammar import NO_DAEMON, help_answer, parse_invocation, precheck
 from dra_driver.mpsemu.wire import (
     CONTROL_SOCKET,
+    HEADER_LIMIT,
     MAX_REPLY,
     Request,
     WireError,
@@ -86,7 +87,7 @@ def start_detached(argv: Sequence[str], log_dir: str) -> Completed:
     import subprocess
     from pathlib import Path
 
-    from dra_driver.mpsemu.paths import emulator_path
+    from dra_driver.mpsemu.paths import python_program
 
     log = Path(log_dir)
     read_end, write_end = os.pipe()
@@ -94,7 +95,7 @@ def start_detached(argv: Sequence[str], log_dir: str) -> Completed:
         log.mkdir(parents=True, exist_ok=True)
         with (log / "control.log").open("ab") as errors:
             proc = subprocess.Popen(
-                [sys.executable, str(emulator_path()), *argv],
+                [sys.executable, str(python_program()), *argv],
                 env={**os.environ, READY_FD_ENV: str(write_end)},
                 pass_fds=(write_end,),
                 stdin=subprocess.DEVNULL,
@@ -108,11 +109,11 @@ def start_detached(argv: Sequence[str], log_dir: str) -> Completed:
     finally:
         os.close(write_end)
     try:
-        line = _read_report(read_end)
+        report = _read_report(read_end)
     finally:
         os.close(read_end)
     try:
-        done = decode_reply(line) if line else None
+        done = decode_reply(report) if report else None
     except WireError as exc:
         done = Completed(1, "", f"MPS control daemon start: {exc}")
     if done is not None:
@@ -139,12 +140,14 @@ def _reap(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _read_report(fd: int) -> bytes:
+    """What the starting daemon wrote on its ready pipe before closing it (a reply), or what
+    came within :data:`START_TIMEOUT_S`."""
     import select
     import time
 
     data = b""
     deadline = time.monotonic() + START_TIMEOUT_S
-    while b"\n" not in data and len(data) <= MAX_REPLY:
+    while len(data) <= MAX_REPLY + HEADER_LIMIT:
         left = deadline - time.monotonic()
         if left <= 0 or not select.select([fd], [], [], left)[0]:
             break
@@ -152,7 +155,7 @@ def _read_report(fd: int) -> bytes:
         if not chunk:
             break
         data += chunk
-    return data.partition(b"\n")[0]
+    return data
 
 
 def _emit(done: Completed) -> int:

@@ -1,8 +1,12 @@
-"""The emulator's control-socket protocol: one JSON line each way, bounded and timed.
+"""The emulator's control-socket protocol: a JSON line in, a framed reply out, bounded and
+timed.
 
 A client of ``<pipe>/control`` sends one line, ``{"args": ["server", "list", ...]}`` or
-``{"quit": true}``, and reads one line back, ``{"rc": 0, "stdout": "...", "stderr": "..."}``;
-then both close. Requests are at most :data:`MAX_REQUEST` bytes, replies :data:`MAX_REPLY`.
+``{"quit": true}``; the daemon answers ``<rc> <stdout bytes> <stderr bytes>\n`` followed by
+stdout and stderr (UTF-8), then closes. Requests are at most :data:`MAX_REQUEST` bytes, the
+output of a reply :data:`MAX_REPLY`. The reply is framed, not JSON, so that the compiled client
+(``control_client.c``) needs no JSON parser; its request encoder escapes ``"``, ``\\`` and
+control characters only.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ CONTROL_SOCKET = "control"
 MAX_REQUEST = 64 * 1024
 """Longest request line, bytes."""
 MAX_REPLY = 8 * 1024 * 1024
-"""Longest reply line, bytes."""
+"""Most bytes of a reply's stdout and stderr together."""
+HEADER_LIMIT = 64
+"""Most bytes of a reply's header line."""
 
 
 class WireError(DriverError, ValueError):
@@ -95,27 +101,55 @@ def decode_request(line: bytes) -> Request:
 
 
 def encode_reply(done: Completed) -> bytes:
-    """The reply line of ``done``, newline included."""
-    body = {"rc": done.rc, "stdout": done.stdout, "stderr": done.stderr}
-    return json.dumps(body).encode() + b"\n"
+    """The reply of ``done``: its header line, then stdout and stderr."""
+    out = done.stdout.encode("utf-8", "surrogateescape")
+    err = done.stderr.encode("utf-8", "surrogateescape")
+    return b"%d %d %d\n" % (done.rc, len(out), len(err)) + out + err
 
 
-def decode_reply(line: bytes) -> Completed:
-    """Parse a reply line.
+def decode_reply(data: bytes) -> Completed:
+    """Parse a whole reply (header line, stdout, stderr).
 
     Raises:
-        WireError: not a JSON object with an integer ``rc`` and string ``stdout``/``stderr``.
+        WireError: no header of three integers (sizes not negative), or the bytes after it are
+            not exactly the sizes it gives.
     """
-    try:
-        body = json.loads(line)
-    except (ValueError, RecursionError) as exc:
-        raise WireError(f"reply is not JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise WireError("reply is not a JSON object")
-    rc, out, err = body.get("rc"), body.get("stdout", ""), body.get("stderr", "")
-    if not isinstance(rc, int) or not isinstance(out, str) or not isinstance(err, str):
-        raise WireError("reply needs an integer 'rc' and string 'stdout'/'stderr'")
-    return Completed(rc, out, err)
+    header, newline, body = data.partition(b"\n")
+    fields = header.split(b" ")
+    if not newline or len(fields) != 3 or not all(f.lstrip(b"-").isdigit() for f in fields):
+        shape = "'<rc> <stdout bytes> <stderr bytes>'"
+        raise WireError(f"reply header is not {shape}: {header[:80]!r}")
+    rc, n_out, n_err = (int(f) for f in fields)
+    if n_out < 0 or n_err < 0 or len(body) != n_out + n_err:
+        raise WireError(f"reply has {len(body)} bytes after its header, not {n_out} + {n_err}")
+    out, err = body[:n_out], body[n_out:]
+    return Completed(rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+
+
+def read_all(sock: socket.socket, limit: int, timeout: float) -> bytes:
+    """Read until the peer closes.
+
+    Args:
+        sock: a connected stream socket.
+        limit: most bytes to accept.
+        timeout: seconds each receive may wait.
+
+    Raises:
+        WireError: more than ``limit`` bytes, or a receive timed out.
+        OSError: the connection failed.
+    """
+    sock.settimeout(timeout)
+    data = bytearray()
+    while True:
+        try:
+            chunk = sock.recv(min(65536, limit + 1 - len(data)))
+        except TimeoutError as exc:
+            raise WireError(f"no complete reply within {timeout:g} s") from exc
+        if not chunk:
+            return bytes(data)
+        data += chunk
+        if len(data) > limit:
+            raise WireError(f"reply longer than {limit} bytes")
 
 
 def call(path: str, request: Request, timeout: float) -> Completed:
@@ -130,4 +164,4 @@ def call(path: str, request: Request, timeout: float) -> Completed:
         sock.settimeout(timeout)
         sock.connect(path)
         sock.sendall(encode_request(request))
-        return decode_reply(read_line(sock, MAX_REPLY, timeout))
+        return decode_reply(read_all(sock, MAX_REPLY + HEADER_LIMIT, timeout))

@@ -20,7 +20,7 @@ import pytest
 from dra_driver.enforce.control import MpsCommandError
 from dra_driver.enforce.daemon import MpsDaemon
 from dra_driver.infra.runner import SubprocessRunner
-from dra_driver.mpsemu.paths import emulator_path
+from dra_driver.mpsemu.paths import emulator_path, python_program
 from tests.support.mpsemu import Probe, alive, private_root, wait_for
 
 pytestmark = pytest.mark.integration
@@ -63,8 +63,15 @@ def test_launchers_are_executable_files_of_the_package() -> None:
     control = emulator_path()
     assert control.name == "nvidia-cuda-mps-control" and os.access(control, os.X_OK)
     assert os.access(control.with_name("nvidia-cuda-mps-server"), os.X_OK)
-    # -I -S: no site-packages or user environment; a client starts in milliseconds
-    assert control.read_text().startswith("#!/usr/bin/env -S python3 -I -S\n")
+    # compiled and static (no PT_INTERP program header): it runs in the image as built here
+    binary = control.read_bytes()
+    assert binary.startswith(b"\x7fELF\x02")  # 64-bit ELF
+    phoff = int.from_bytes(binary[32:40], "little")
+    size, count = (int.from_bytes(binary[n : n + 2], "little") for n in (54, 56))
+    types = [int.from_bytes(binary[phoff + i * size :][:4], "little") for i in range(count)]
+    assert types and 3 not in types  # PT_INTERP
+    # -I -S: no site-packages or user environment for the Python program behind it
+    assert python_program().read_text().startswith("#!/usr/bin/env -S python3 -I -S\n")
 
 
 def test_control_program_starts_answers_and_quits(root: Path) -> None:

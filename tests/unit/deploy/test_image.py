@@ -768,9 +768,20 @@ def test_rootfs_only_is_the_plugin_layer(
 def test_launchers_keep_their_interpreter_options_in_the_image(tmp_path: Path) -> None:
     """The image has no ``env``: a launcher's ``#!/usr/bin/env -S python3 -I -S`` becomes the
     image's interpreter with the options as the one argument a ``#!`` line passes."""
-    from devtools.buildimage import LAUNCHERS, PYTHON, BuildError, launcher_text
+    from devtools.buildimage import (
+        CONTROL_CLIENT,
+        LAUNCHERS,
+        PYTHON,
+        BuildError,
+        launcher_text,
+        package_sources,
+    )
 
-    for launcher in sorted(LAUNCHERS.iterdir()):
+    launchers = [p for p in package_sources() if p.parent == LAUNCHERS]
+    # the compiled control program is built from its source into the image, never copied
+    assert len(launchers) == 2 and CONTROL_CLIENT not in launchers
+    assert CONTROL_CLIENT.parent.parent / "control_client.c" in package_sources()
+    for launcher in launchers:
         first, rest = launcher_text(launcher).split("\n", 1)
         assert first == f"#!/usr/bin/{PYTHON} -IS", launcher
         assert rest == launcher.read_text().split("\n", 1)[1]

@@ -15,6 +15,7 @@ from dra_driver.mpsemu.wire import (
     decode_request,
     encode_reply,
     encode_request,
+    read_all,
     read_line,
 )
 
@@ -22,8 +23,12 @@ from dra_driver.mpsemu.wire import (
 def test_requests_and_replies_round_trip() -> None:
     for request in (Request(quit=True), Request(args=("server", "list", "--format=csv"))):
         assert decode_request(encode_request(request).rstrip(b"\n")) == request
-    done = Completed(1, "a,b\n", "no ✓")
-    assert decode_reply(encode_reply(done).rstrip(b"\n")) == done
+    for done in (Completed(1, "a,b\n", "no ✓"), Completed(0), Completed(-3, "\n\n", "x\ny")):
+        assert decode_reply(encode_reply(done)) == done
+
+
+def test_a_reply_is_a_header_and_the_bytes_it_counts() -> None:
+    assert encode_reply(Completed(2, "é\n", "no")) == b"2 3 2\n\xc3\xa9\nno"
 
 
 @pytest.mark.parametrize(
@@ -36,9 +41,34 @@ def test_malformed_requests_are_wire_errors(line: bytes) -> None:
 
 
 def test_malformed_replies_are_wire_errors() -> None:
-    for line in (b"", b'{"rc": "0"}', b'{"rc": 0, "stdout": 5}'):
+    for data in (
+        b"",
+        b'{"rc": 0, "stdout": "", "stderr": ""}\n',
+        b"0 1 1",
+        b"0 1\nab",
+        b"0 1 1\nabc",
+        b"0 1 1\na",
+        b"0 -1 2\nab",
+        b"x 0 0\n",
+    ):
         with pytest.raises(WireError):
-            decode_reply(line)
+            decode_reply(data)
+
+
+def test_read_all_reads_to_the_close_bounded_and_timed() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(b"0 2 0\nok")
+        a.shutdown(socket.SHUT_WR)
+        assert read_all(b, 100, 1) == b"0 2 0\nok"
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(b"x" * 200)
+        with pytest.raises(WireError, match="longer than 100"):
+            read_all(b, 100, 1)
+    a, b = socket.socketpair()
+    with a, b, pytest.raises(WireError, match="no complete reply"):
+        read_all(b, 100, 0.05)
 
 
 def test_read_line_is_bounded_and_timed() -> None:

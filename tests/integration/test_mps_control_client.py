@@ -1,0 +1,137 @@
+"""The MPS emulator's compiled ``nvidia-cuda-mps-control`` answers as its Python program does.
+
+The compiled client sends plain commands itself and hands every other invocation to the Python
+program (``dra_driver/mpsemu/cli.py``): each case runs through both, against the same daemon
+(or none), and their exit status, stdout and stderr must be equal. Daemons that answer wrongly
+(closing at once, a malformed reply) are sockets of the test's own.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from dra_driver.infra.runner import SubprocessRunner
+from dra_driver.mpsemu.paths import EmulatorBuildError, build_client, emulator_path, python_program
+from tests.support.mpsemu import private_root
+
+pytestmark = pytest.mark.integration
+
+COMMANDS: list[tuple[str, ...]] = [
+    ("server", "list"),
+    ("server", "list", "--format=csv,noheader"),
+    ("namespace", "list", "--server=gpu_9"),
+    ("bogus", 'a"b\\c', "tab\there", "line\nbreak", "ünï✓"),
+    ("server", "help"),
+    ("server",),
+    (),
+    ("-h",),
+]
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    with private_root() as path:
+        yield path
+
+
+def env(root: Path) -> dict[str, str]:
+    return {
+        "CUDA_MPS_PIPE_DIRECTORY": str(root / "pipe"),
+        "CUDA_MPS_LOG_DIRECTORY": str(root / "log"),
+        "CUDA_MPS_PROTOCOL_VERSION": "3",
+    }
+
+
+def both(root: Path, *args: str) -> tuple[tuple[int, str, str], tuple[int, str, str]]:
+    """(compiled, Python) answers to ``args``."""
+    answers = []
+    for program in (emulator_path(), python_program()):
+        done = SubprocessRunner(timeout=20).run([str(program), *args], env=env(root))
+        answers.append((done.rc, done.stdout, done.stderr))
+    return answers[0], answers[1]
+
+
+def test_the_compiled_client_answers_as_the_python_program(root: Path) -> None:
+    for args in COMMANDS:
+        compiled, python = both(root, *args)
+        assert compiled == python, args
+    assert both(root, "server", "list")[0] == (1, "", "Cannot find MPS control daemon process\n")
+    assert SubprocessRunner().run([str(emulator_path()), "-d"], env=env(root)).ok
+    for args in COMMANDS:
+        compiled, python = both(root, *args)
+        assert compiled == python, args
+    assert both(root, "bogus", "x")[0][2] == "Unknown command: bogus x\n"
+    assert both(root, "server", "list")[0] == (0, "", "")
+    assert SubprocessRunner().run([str(emulator_path()), "-q"], env=env(root)).ok
+
+
+def serve_once(path: Path, answer: Callable[[socket.socket], None]) -> threading.Thread:
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    listener.listen(1)
+
+    def run() -> None:
+        with listener:
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(65536)
+                answer(conn)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [b"", b'{"rc": 0, "stdout": "", "stderr": ""}\n', b"0 5 0\nab", b"0 1 1\nabc"],
+)
+def test_a_daemon_that_answers_wrongly_is_no_answer(root: Path, reply: bytes) -> None:
+    (root / "pipe").mkdir()
+    for program in (emulator_path(), python_program()):
+        thread = serve_once(root / "pipe" / "control", lambda conn: conn.sendall(reply))
+        done = SubprocessRunner(timeout=20).run([str(program), "server", "list"], env=env(root))
+        thread.join(5)
+        (root / "pipe" / "control").unlink()
+        assert done.rc == 1 and done.stdout == "", program
+        assert done.stderr.startswith("no answer from the MPS control daemon: "), program
+
+
+def test_a_socket_path_too_long_is_no_daemon(tmp_path: Path) -> None:
+    pipe = tmp_path / ("p" * 120)
+    done = SubprocessRunner().run([str(emulator_path()), "server", "list"], env=env(pipe.parent))
+    assert done.rc == 1
+    assert done.stderr.startswith("Cannot find MPS control daemon process")
+    pipe_env = {**env(tmp_path), "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}
+    compiled = SubprocessRunner().run([str(emulator_path()), "server", "list"], env=pipe_env)
+    python = SubprocessRunner().run([str(python_program()), "server", "list"], env=pipe_env)
+    assert compiled.rc == python.rc == 1
+    assert (
+        compiled.stderr
+        == python.stderr
+        == ("Cannot find MPS control daemon process (AF_UNIX path too long)\n")
+    )
+
+
+def test_it_is_rebuilt_when_its_source_is_newer_and_a_failed_build_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    program = emulator_path()
+    built = program.stat().st_mtime
+    os.utime(program, (built - 3600, built - 3600))
+    source = program.parent.parent / "control_client.c"
+    assert program.stat().st_mtime < source.stat().st_mtime
+    assert emulator_path() == program and program.stat().st_mtime >= source.stat().st_mtime
+    monkeypatch.setenv("CC", "false")
+    with pytest.raises(EmulatorBuildError, match="failed"):
+        build_client(tmp_path / "x")
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    with pytest.raises(EmulatorBuildError, match="install a C compiler"):
+        build_client(tmp_path / "x")
+    assert not (tmp_path / "x").exists() and not list(program.parent.glob(".build-*"))
