@@ -51,13 +51,23 @@ static int emit(int rc, const char *out, size_t n_out, const char *err, size_t n
 
 static int fail(const char *message) { return emit(1, "", 0, message, strlen(message)); }
 
+/* This program's own path, links resolved: from argv[0] when it names a path (as when run by
+ * its full path; /proc may not be mounted, e.g. under a bare chroot), else /proc/self/exe. */
+static int own_path(const char *argv0, char self[PATH_MAX]) {
+    if (strchr(argv0, '/') != NULL && realpath(argv0, self) != NULL)
+        return 0;
+    ssize_t n = readlink("/proc/self/exe", self, PATH_MAX - 1);
+    if (n <= 0)
+        return -1;
+    self[n] = '\0';
+    return 0;
+}
+
 /* Run the Python program with the same arguments (it answers everything but plain commands). */
 static int hand_to_python(char **argv) {
     char self[PATH_MAX], program[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0)
+    if (own_path(argv[0], self) != 0)
         return fail("nvidia-cuda-mps-control (emulator): cannot find its own path");
-    self[n] = '\0';
     char *slash = strrchr(self, '/');
     *slash = '\0';
     if (snprintf(program, sizeof program, "%s/%s", self, PYTHON_PROGRAM) >= (int)sizeof program)

@@ -14,6 +14,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from dra_driver.model.errors import StartupError
+
 BIN = Path(__file__).resolve().parent / "bin"
 """The launchers' directory."""
 CLIENT_SOURCE = Path(__file__).resolve().parent / "control_client.c"
@@ -22,7 +24,7 @@ CFLAGS = ("-O2", "-static", "-Wall", "-Wextra")
 """Compiler options of the compiled program."""
 
 
-class EmulatorBuildError(RuntimeError):
+class EmulatorBuildError(StartupError):
     """The compiled control program could not be built; says why and what to install."""
 
 
