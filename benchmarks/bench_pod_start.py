@@ -7,9 +7,11 @@ one at a time, in turn a plain pod (baseline, measured in the same run), a pod w
 while idle GPUs remain (GPUs 1-7, one each), a pod whose claim is the first on its GPU (its
 compute mode set, its MPS server started); it times create -> Running (all containers running,
 polled every 20 ms). Claims choose their GPU with a selector on the driver's ``index``
-attribute. Then ``helm upgrade`` with a changed value and the time until the DaemonSet has
-rolled out (new pod running, old one gone). Prints one table; asserts nothing. Times are
-seconds.
+attribute. Where the time goes: a watch of the namespace's pods and claims stamps each pod's
+phases as the API server reports them (claim created by the resourceclaim controller, claim
+allocated, pod bound to the node, pod Running); the table gives each phase's p50 per kind.
+Then ``helm upgrade`` with a changed value and the time until the DaemonSet has rolled out
+(new pod running, old one gone). Prints the tables; asserts nothing. Times are seconds.
 
 Usage: .venv/bin/python benchmarks/bench_pod_start.py [--pods 20] [--keep-cluster] [--smoke]
 
@@ -28,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,7 @@ from typing import Any
 import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
+from kubernetes import watch as k8s_watch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -107,11 +111,84 @@ def eighth_template(gpu: int) -> dict[str, Any]:
     }
 
 
-def start_time(core: k8s.CoreV1Api, name: str, gpu: int | None) -> float:
+PHASES = ("claim created", "claim allocated", "pod bound", "pod Running")
+"""A pod's phases as the timeline stamps them, in order."""
+
+
+class Timeline:
+    """Monotonic times at which the API server's watch events first showed each pod's phases
+    (:data:`PHASES`); a claim counts for the pod named in its owner reference."""
+
+    def __init__(self, api: k8s.ApiClient) -> None:
+        self.api = api
+        self.seen: dict[str, dict[str, float]] = {}
+        self.lock = threading.Lock()
+        for target in (self._pods, self._claims):
+            threading.Thread(target=self._quietly, args=(target,), daemon=True).start()
+
+    @staticmethod
+    def _quietly(watch: Any) -> None:
+        """Run ``watch`` until its stream breaks (the cluster going down at the end; a break
+        before shows as a pod whose Running the watch never reports)."""
+        try:
+            watch()
+        except Exception:  # noqa: BLE001
+            return
+
+    def stamp(self, pod: str, phase: str) -> None:
+        with self.lock:
+            self.seen.setdefault(pod, {}).setdefault(phase, time.monotonic())
+
+    def phases(self, pod: str, t0: float) -> dict[str, float]:
+        """Seconds from ``t0`` (the create call) to each phase seen of ``pod``."""
+        with self.lock:
+            return {k: v - t0 for k, v in self.seen.get(pod, {}).items()}
+
+    def _pods(self) -> None:
+        core = k8s.CoreV1Api(self.api)
+        for event in k8s_watch.Watch().stream(core.list_namespaced_pod, NAMESPACE):
+            pod = event["object"]
+            if pod.spec.node_name:
+                self.stamp(pod.metadata.name, "pod bound")
+            statuses = pod.status.container_statuses or []
+            if statuses and all(s.state.running for s in statuses):
+                self.stamp(pod.metadata.name, "pod Running")
+
+    def _claims(self) -> None:
+        resource = k8s.ResourceV1Api(self.api)
+        # "object": no model class (this client has none for resource.k8s.io/v1 claims)
+        stream = k8s_watch.Watch(return_type="object").stream(
+            resource.list_namespaced_resource_claim, NAMESPACE
+        )
+        for event in stream:
+            claim = event["raw_object"]
+            owners = claim["metadata"].get("ownerReferences") or [{}]
+            pod = owners[0].get("name", "")
+            self.stamp(pod, "claim created")
+            if claim.get("status", {}).get("allocation"):
+                self.stamp(pod, "claim allocated")
+
+
+def start_time(
+    core: k8s.CoreV1Api, name: str, gpu: int | None, timeline: Timeline | None = None
+) -> float:
     t0 = time.monotonic()
     core.create_namespaced_pod(NAMESPACE, model(k8s.V1Pod, pod_body(name, gpu)))
     wait(f"pod {name} Running", lambda: running(core, name))
-    return time.monotonic() - t0
+    took = time.monotonic() - t0
+    if timeline is not None:
+        # the watch may report Running a moment after the poll saw it
+        wait(f"pod {name} Running on the watch", lambda: "pod Running" in timeline.seen[name], 10)
+        PHASE_TIMES.setdefault(kind_of(name), []).append(timeline.phases(name, t0))
+    return took
+
+
+PHASE_TIMES: dict[str, list[dict[str, float]]] = {}
+"""Kind of pod -> the phases of each of its pods (:meth:`Timeline.phases`)."""
+
+
+def kind_of(name: str) -> str:
+    return name.rpartition("-")[0]
 
 
 def gone(core: k8s.CoreV1Api, name: str) -> None:
@@ -233,13 +310,14 @@ def main() -> int:
         # warm-up claim starts GPU 0's MPS server, which the joining claims then share.
         start_time(core, "warm-plain", None)
         start_time(core, "warm-claim", 0)
+        timeline = Timeline(api)
         plain, joining, first = [], [], []
         for i in range(args.pods):
-            plain.append(start_time(core, f"plain-{i}", None))
-            joining.append(start_time(core, f"claim-{i}", 0))
+            plain.append(start_time(core, f"plain-{i}", None, timeline))
+            joining.append(start_time(core, f"claim-{i}", 0, timeline))
             gone(core, f"claim-{i}")  # GPU 0 keeps room: the warm-up claim and this one
             if i + 1 < GPUS:
-                first.append(start_time(core, f"first-{i + 1}", i + 1))
+                first.append(start_time(core, f"first-{i + 1}", i + 1, timeline))
         took = rollout(api, kubeconfig, values)
         print("\npod start latency, create -> Running, one real node")
         print(f"{'':44} {'pods':>5} {'p50':>8} {'p90':>8} {'mean':>8} {'p50/plain':>10}")
@@ -254,6 +332,14 @@ def main() -> int:
                 f"{label:44} {len(xs):5} {pct(xs, 0.5):7.2f}s {pct(xs, 0.9):7.2f}s "
                 f"{statistics.mean(xs):7.2f}s {ratio:9.2f}x"
             )
+        print("\nwhere the time goes: p50 seconds from create to each phase (API watch events)")
+        print(f"{'':8} " + " ".join(f"{p:>16}" for p in PHASES))
+        for kind, runs in PHASE_TIMES.items():
+            cells = []
+            for phase in PHASES:
+                xs = [r[phase] for r in runs if phase in r]
+                cells.append(f"{pct(xs, 0.5):15.3f}s" if xs else f"{'-':>16}")
+            print(f"{kind:8} " + " ".join(cells))
         print(f"DaemonSet rollout on helm upgrade (1 node, running pods kept): {took:.1f}s")
         print(f"pod_start_p50_ratio_to_plain: {pct(joining, 0.5) / pct(plain, 0.5):.2f}")
     finally:
