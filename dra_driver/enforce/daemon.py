@@ -244,17 +244,27 @@ class MpsDaemon:
         write_atomic(self.config_file, text.encode(), 0o600, durable=False)
 
     def stop(self) -> None:
-        """Quit the daemon (and its servers) and remove its pipe directory; logs are kept.
+        """Quit the daemon and remove its pipe directory; logs are kept. Called when no claim
+        of this process needs it, after its servers were deleted.
 
         A daemon that does not answer in time is left running with its directory (removing
-        the sockets of a live daemon would orphan it and its clients).
+        the sockets of a live daemon would orphan it and its clients), and so is one that
+        still lists servers: they serve claims this process does not hold (the other plugin
+        pod of a rolling update prepared them), and quitting would end their clients.
         """
         try:
-            running = self._running()
+            rows = self._rows()
         except MpsTimeout as exc:
             log.warning("MPS daemon not answering; not stopped", mode=self.mode, error=str(exc))
             return
-        if running:
+        if rows:
+            log.warning(
+                "MPS control daemon kept: it serves servers no claim of this process needs",
+                mode=self.mode,
+                servers=[r.name for r in rows],
+            )
+            return
+        if rows is not None:
             log.info("stopping MPS control daemon", mode=self.mode)
             try:
                 self.control.quit()

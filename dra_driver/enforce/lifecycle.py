@@ -67,8 +67,12 @@ class ClaimLifecycle:
         repair (False) lists, as its namespace may be there with clients attached.
 
         Raises:
-            MpsError: invalid plan, a mode conflict on a GPU, or an MPS/NVML failure; the
-                claim is then fully rolled back.
+            MpsError: invalid plan, a mode conflict on a GPU, or an MPS/NVML failure. A claim
+                nobody held before this call (a kubelet's first Prepare: no pod of it runs
+                yet) is then rolled back: what this call made is removed (a namespace that
+                was there is kept: another plugin process may serve its pods); any other (a
+                restore, a repair, a second Prepare) keeps what MPS has of it and is left
+                pending, retried by the health check.
         """
         ref = plan.claim
         bound = log.bind(claim_uid=ref.uid, namespace=ref.namespace, name=ref.name)
@@ -87,6 +91,7 @@ class ClaimLifecycle:
         fresh = fresh and previous is None and ref.uid not in self.ledger.pending
         applied = Applied(plan, targets)
         done: dict[tuple[str, str], str] = {}
+        self.objects.created.clear()
         try:
             for t in targets:
                 if not t.uses_mps:
@@ -102,12 +107,19 @@ class ClaimLifecycle:
                 applied.record_pipe(t.gpu.uuid, done[key])
                 applied.record_server(t.gpu.uuid, self.objects.server_pid(t.mode, t.server))
         except EFFECT_ERRORS as exc:
-            bound.error("MPS enforcement failed; claim rolled back", error=str(exc))
-            if previous is not None:
-                # Its container still runs: keep retrying it (check_health).
-                self.ledger.pending[ref.uid] = plan
-            self._teardown(targets + (previous.targets if previous else ()))
             why = disk_problem(exc) if isinstance(exc, OSError) else str(exc)
+            if fresh:
+                # What this call made, only: a namespace that was there may be another
+                # process's (the other plugin pod of a rolling update) with its pods' clients.
+                made = [t for t in targets if _made_key(t) in self.objects.created]
+                bound.error("MPS enforcement failed; claim rolled back", error=why)
+                self._teardown(made, also_idle=targets)
+            else:
+                # A restore, a repair or a second Prepare: the claim's pods may run on what
+                # is there, so nothing of it is removed and no client terminated (no driver
+                # restart may end a tenant's work); check_health retries it.
+                bound.error("MPS enforcement failed; claim kept as it is, retried", error=why)
+                self.ledger.pending[ref.uid] = plan
             raise MpsError(f"claim {ref.namespace}/{ref.name}: {why}") from exc
         self.ledger.claims[ref.uid] = applied
         self.ledger.pending.pop(ref.uid, None)
@@ -249,6 +261,12 @@ class ClaimLifecycle:
                 pipe_dir=pipe,
                 **fields,
             )
+
+
+def _made_key(t: FractionTarget) -> tuple[str, str, str]:
+    """``t``'s entry in :attr:`MpsObjects.created` when a call made what a rollback of it
+    removes: its claim's own server, else its namespace."""
+    return (t.mode, t.server, "" if t.dedicated else t.namespace)
 
 
 def _by_server(targets: Sequence[FractionTarget]) -> list[FractionTarget]:

@@ -78,8 +78,9 @@ class MpsObjects:
         self._joined: set[tuple[str, str]] = set()
         self.clock: Callable[[], float] = time.monotonic
         self.created: set[tuple[str, str, str]] = set()
-        """``(mode, server, namespace)`` of each namespace :meth:`ensure_namespace` created
-        (its owner clears it when it wants to know which a call created)."""
+        """``(mode, server, namespace)`` of each namespace created, ``(mode, server, "")`` of
+        each server :meth:`ensure_server` created (its owner clears it when it wants to know
+        which a call created)."""
 
     def server_pid(self, mode: str, name: str) -> int | None:
         """The PID of server ``name`` of ``mode``'s daemon when :meth:`ensure_server` last saw
@@ -186,6 +187,7 @@ class MpsObjects:
         for gpu in gpus:
             self.modes.set(gpu, self.options.compute_mode_for(daemon.mode))
         ctl.server_create(name, [g.uuid for g in gpus])
+        self.created.add((daemon.mode, name, ""))
         self.verify_server(daemon, name, gpus)
         ctl.server_set(name, DEFAULT_NAMESPACE_LIMIT, DEFAULT_NAMESPACE_THREADS)
         seal_server(daemon, name)
@@ -302,6 +304,7 @@ class MpsObjects:
                 if blind:
                     row = next((r for r in ctl.namespace_list(srv, ns) if r.name == ns), None)
                     if row is not None and row.has_memory_limit:  # not made just now
+                        self.created.discard((t.mode, srv, ns))  # a rollback keeps it
                         drift = namespace_drift(row, t)
                         return self.repair_limits(ctl, t, drift) if drift else row
                 log.warning(

@@ -107,12 +107,11 @@ def remove_claim_server(daemon: MpsDaemon, server: str, claim_uid: str) -> None:
 
 
 def delete_shared_server(daemon: MpsDaemon, gpu: Gpu) -> None:
-    """Delete ``gpu``'s shared server in ``daemon`` if listed (a hung daemon: left); a refused
-    delete is retried with its clients terminated and ``--force``, a failure of that logged.
-
-    Raises:
-        MpsCommandError: ``client list`` failed.
-    """
+    """Delete ``gpu``'s shared server in ``daemon`` if listed (a hung daemon: left). Called
+    when no claim of this process needs it; a delete refused because clients are attached is
+    logged and the server kept: those clients are of claims this process does not hold (the
+    other plugin pod of a rolling update prepared them), and ending them would end a tenant's
+    work. The next release or restore that finds it idle deletes it."""
     ctl = daemon.control
     name = server_name(gpu.index)
     try:
@@ -123,12 +122,12 @@ def delete_shared_server(daemon: MpsDaemon, gpu: Gpu) -> None:
         return
     try:
         ctl.server_delete(name)
-    except MpsCommandError:
-        terminate_clients(ctl, name)
-        try:
-            ctl.server_delete(name, force=True)
-        except MpsCommandError as exc:
-            log.error("MPS server delete failed", mps_server=name, error=str(exc))
+    except MpsCommandError as exc:
+        log.warning(
+            "MPS server without claims of this process kept: delete refused (clients attached?)",
+            mps_server=name,
+            error=str(exc),
+        )
 
 
 def delete_orphan(daemon: MpsDaemon, server: str, ns: str, uid: str) -> None:

@@ -28,7 +28,7 @@ def restore_claims(life: ClaimLifecycle, plans: Sequence[ClaimPlan]) -> None:
     (and claim servers) of claims not in ``plans``, re-create servers and namespaces, delete
     our servers no claim uses, reset compute modes of GPUs nobody needs and stop daemons
     without claims. A claim that fails is logged and left pending (retried by the health
-    check)."""
+    check), with whatever MPS has of it kept."""
     ledger, objects = life.ledger, life.objects
     ledger.keep_only(plans)
     _remove_orphans(objects, {p.claim.uid for p in plans})
@@ -44,10 +44,12 @@ def restore_claims(life: ClaimLifecycle, plans: Sequence[ClaimPlan]) -> None:
                 name=plan.claim.name,
                 error=str(exc),
             )
-    _remove_idle_servers(objects, {(t.mode, t.server) for t in ledger.targets() if t.uses_mps})
+    # pending claims count: one not restored keeps its server and daemon (its pods may run)
+    wanted = ledger.wanted_targets()
+    _remove_idle_servers(objects, {(t.mode, t.server) for t in wanted})
     life.reset_compute_modes()
     for mode, daemon in objects.daemons.items():
-        if not ledger.mode_targets(mode) and daemon.alive():
+        if not any(t.mode == mode for t in wanted) and daemon.alive():
             daemon.stop()
     log.info("MPS state restored", claims=len(ledger.claims), pending=len(ledger.pending))
 

@@ -297,16 +297,23 @@ def test_failed_namespace_set_rolls_back_everything(tmp_path: Path) -> None:
     assert list((tmp_path / "run").rglob("c_*")) == []
 
 
-def test_failed_reapply_removes_previous_state_of_the_claim(tmp_path: Path) -> None:
+def test_a_failed_reapply_keeps_what_the_claims_pods_use_and_retries(tmp_path: Path) -> None:
+    """A claim applied before may have running pods: its re-apply failing (a kubelet's second
+    Prepare, a repair) removes nothing of it and terminates none of its clients; it is retried
+    by the health check."""
     node = Node(tmp_path)
     g = node.gpus[0]
     node.enforcer.apply(plan(device(g, GIB), uid=UID_B))
     node.enforcer.apply(plan(device(g, GIB), uid=UID_A))
-    node.mps.fail("namespace", "set")
+    busy = node.mps.add_client(node.pipe("time-slicing"), "gpu_0", ns(UID_A))
+    node.mps.fail("namespace", "list", times=1)
     with pytest.raises(MpsError):
-        node.enforcer.apply(plan(device(g, 2 * GIB), uid=UID_A))
-    assert namespaces(node, "time-slicing") == {ns(UID_B): (GIB, 100)}
+        node.enforcer.apply(plan(device(g, GIB), uid=UID_A))
+    assert namespaces(node, "time-slicing") == {ns(UID_B): (GIB, 100), ns(UID_A): (GIB, 100)}
+    assert f"client terminate {busy}" not in node.mps.commands()
     assert {t.claim.uid for t in node.enforcer.targets()} == {UID_B}
+    node.enforcer.check_health()
+    assert {t.claim.uid for t in node.enforcer.targets()} == {UID_A, UID_B}
 
 
 def test_compute_mode_permission_error_fails_claim(tmp_path: Path) -> None:
@@ -566,6 +573,57 @@ def test_failed_restore_is_retried_by_health_check(tmp_path: Path) -> None:
     assert namespaces(node, "time-slicing") == {ns(UID_A): (GIB, 100)}
 
 
+def test_a_first_prepare_that_fails_removes_what_it_made_and_no_one_elses_server(
+    tmp_path: Path,
+) -> None:
+    """A claim new to this process fails on a GPU whose shared server serves clients of claims
+    it does not hold (the other plugin pod's): its namespace (made by this call) is removed,
+    the server with their clients is kept; the server delete is refused, never forced."""
+    node = Node(tmp_path)
+    g = node.gpus[0]
+    node.enforcer.apply(plan(device(g, GIB), uid=UID_A))
+    busy = node.mps.add_client(node.pipe("time-slicing"), "gpu_0", ns(UID_A))
+    other = node.new_enforcer()  # knows nothing of UID_A
+    node.mps.fail("namespace", "set", stderr="invalid value")
+    with pytest.raises(MpsError, match="invalid value"):
+        other.apply(plan(device(g, GIB), uid=UID_B))
+    assert namespaces(node, "time-slicing") == {ns(UID_A): (GIB, 100)}
+    cmds = node.mps.commands()
+    assert f"client terminate {busy}" not in cmds and "server delete gpu_0 --force" not in cmds
+    assert "server delete gpu_0" in cmds  # tried, refused: clients attached
+
+
+def test_a_restore_under_another_default_sm_percentage_ends_no_tenants_work(
+    tmp_path: Path,
+) -> None:
+    """A rolling update that changes the default active thread percentage: the new plugin's
+    restore finds the claim's namespace with the old percentage and the pod's client attached.
+    Found by review: the refused repair rolled the claim back (namespace removed, client
+    terminated) and, the claim not applied, the restore deleted its server and stopped the
+    daemon. Now nothing of it is touched; the claim stays pending, the error says to restart
+    its pods, and once they are gone the health check sets the new limits."""
+    node = Node(tmp_path)
+    g = node.gpus[0]
+    a = plan(device(g, GIB, mode="sm-sharing"), uid=UID_A)
+    node.enforcer.apply(a)
+    pipe = node.pipe("sm-sharing")
+    busy = node.mps.add_client(pipe, "gpu_0", ns(UID_A))
+    opts = replace(node.options, default_active_thread_percentage=50)
+    upgraded = MpsEnforcer(node.tiers, node.nvml, node.mps, opts, sleep=node.sleeps.append)
+    with capture_logs() as logs:
+        upgraded.restore([a])
+        upgraded.check_health()
+    assert f"client terminate {busy}" not in node.mps.commands()
+    assert namespaces(node, "sm-sharing") == {ns(UID_A): (GIB, 100)}
+    assert node.nvml.gpus[g.uuid].compute_mode == "EXCLUSIVE_PROCESS"
+    errors = [e for e in logs if e["log_level"] == "error"]
+    assert errors and "restart the claim's pods" in errors[0]["error"]
+    node.mps.daemon(pipe).clients.clear()  # its pods restarted elsewhere
+    upgraded.check_health()
+    assert namespaces(node, "sm-sharing") == {ns(UID_A): (GIB, 50)}
+    assert [t.claim.uid for t in upgraded.targets()] == [UID_A]
+
+
 # --- a tenant faster than the limits --------------------------------------------------------
 
 
@@ -753,8 +811,8 @@ def test_a_blind_create_on_a_drifted_namespace_is_a_drift_not_early_clients(
     client is attached. That is a drift with clients attached, refused as a restore or a
     repair refuses it (the message says to restart the pods), not clients attached before
     the limits were set (which were terminated and the limits re-set under them). The failed
-    apply then rolls the claim back like any failed apply (noted: that removes the namespace
-    in both paths)."""
+    apply rolls back only what it made: the namespace, there before, stays with its client
+    (it removed both until a later review)."""
     node = Node(tmp_path)
     g = node.gpus[0]
     a = plan(device(g, GIB, mode="sm-sharing"), uid=UID_A)
@@ -775,8 +833,11 @@ def test_a_blind_create_on_a_drifted_namespace_is_a_drift_not_early_clients(
     before = len(node.mps.commands())
     with pytest.raises(MpsError, match="expected 50, and 1 client\\(s\\) attached"):
         other.apply(a)
-    sets = [c for c in node.mps.commands()[before:] if c.startswith("namespace set")]
+    after = node.mps.commands()[before:]
+    sets = [c for c in after if c.startswith("namespace set")]
     assert len(sets) == 1  # the refused first set; never re-set after terminating
+    assert not [c for c in after if c.startswith(("client terminate", "namespace delete"))]
+    assert ns(UID_A) in namespaces(node, "sm-sharing") and node.mps.daemon(pipe).clients
 
 
 def test_a_claim_joining_blindly_records_no_server_pid(tmp_path: Path) -> None:
