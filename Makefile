@@ -62,7 +62,8 @@ e2e: $(STAMP)
 # `<name>: <number>` line; `make integration` and `make e2e` run them with --smoke). In process
 # or with simulated GPUs, no cluster: bench_prepare, bench_prepare_mps (the real MPS enforcer
 # and the MPS emulator), bench_prepare_under_load,
-# bench_garbage_memory, bench_mps_service. A kubelet-less local control plane of their own
+# bench_garbage_memory, bench_mps_service, bench_hooks (the createRuntime hooks of a claim's
+# containers against a no-op). A kubelet-less local control plane of their own
 # (benchlib.local_cluster: hack/local-cluster up, down at the end; its binaries built here
 # first): bench_scheduler (50 and 150 nodes: long on 2 cores), bench_packing, check_modes,
 # bench_api_requests (the plugin's API requests from the API server's audit log; 10 idle
@@ -76,6 +77,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_prepare_under_load.py
 	$(PY) benchmarks/bench_garbage_memory.py
 	$(PY) benchmarks/bench_mps_service.py
+	$(PY) benchmarks/bench_hooks.py
 	hack/build-k8s $(CLUSTER_TOOLS)
 	$(PY) benchmarks/bench_scheduler.py
 	$(PY) benchmarks/bench_packing.py

@@ -39,47 +39,61 @@ CTK_HOOK_PATH = "/usr/bin/nvidia-cdi-hook"
 RECORD_SHELL = "/bin/sh"
 """Host shell that runs the record hook."""
 
-_RECORD_SCRIPT = "; ".join(
+_STATE_FIELDS = r"""w='[[:space:]]*'; v='\([A-Za-z0-9_.-]*\)'
+while read -r k x; do
+  case $k in i) i=$x ;; b) b=$x ;; p) p=$x ;; n) ns=$x ;; s) pod=$x ;; c) ctr=$x ;; esac
+done <<EOF
+$(sed -n -e "h; s/.*\"id\"$w:$w\"$v\".*/i \1/p" \
+  -e "g; s/.*\"bundle\"$w:$w\"\([^\"]*\)\".*/b \1/p" \
+  -e "g; s/.*\"pid\"$w:$w\([0-9][0-9]*\).*/p \1/p" \
+  -e "g; s/.*\"io.kubernetes.cri.sandbox-namespace\"$w:$w\"$v\".*/n \1/p" \
+  -e "g; s/.*\"io.kubernetes.cri.sandbox-name\"$w:$w\"$v\".*/s \1/p" \
+  -e "g; s/.*\"io.kubernetes.cri.container-name\"$w:$w\"$v\".*/c \1/p" 2>/dev/null)
+EOF"""
+"""Shell lines that read the OCI state (JSON on stdin) with one ``sed`` and set ``i`` (the
+container ID), ``b`` (the bundle), ``p`` (the PID), ``ns``, ``pod`` and ``ctr`` (the CRI
+annotations naming the pod and container); a field that is missing, or whose value has
+characters other than ``A-Za-z0-9_.-`` (the bundle: any but ``"``), stays empty. One process
+for all fields: a hook runs at every container start, and each process a shell starts costs
+about a millisecond."""
+
+_RECORD_SCRIPT = "\n".join(
     (
         "umask 077",
-        r'd="$1"',
-        r"s=$(cat)",
-        r"w='[[:space:]]*'",
-        r'p=$(printf %s "$s" | sed -n "s/.*\"pid\"$w:$w\([0-9][0-9]*\).*/\1/p")',
-        r'i=$(printf %s "$s" | sed -n "s/.*\"id\"$w:$w\"\([A-Za-z0-9_.-]*\)\".*/\1/p")',
+        r'd="$1"; i=; p=',
+        _STATE_FIELDS,
         r'[ -n "$p" ] && [ -n "$i" ] || exit 0',
         r'c=$(sed -n "s/^0:://p" "/proc/$p/cgroup" 2>/dev/null)',
         r'[ -n "$c" ] || exit 0',
-        r'mkdir -p "$d" 2>/dev/null && printf "%s\n" "$c" > "$d/$i" 2>/dev/null',
+        r'[ -d "$d" ] || mkdir -p "$d" 2>/dev/null || exit 0',
+        r'printf "%s\n" "$c" > "$d/$i" 2>/dev/null',
         "exit 0",
     )
 )
 """Reads the OCI state (JSON on stdin), takes ``pid`` and ``id``, writes the cgroup v2 path
 (the ``0::`` line of ``/proc/<pid>/cgroup``) into ``$1/<id>``; always exits 0."""
 
-
 _CONSUMER_SCRIPT = "\n".join(
     (
         "umask 077",
-        r'd="$1"; m="$2"; claim="$3"; how="$4"',
+        r'd="$1"; m="$2"; claim="$3"; how="$4"; i=; b=; p=; ns=; pod=; ctr=',
         r'fail() { printf "gpu-fraction.dra.dev: %s\n" "$1" >&2; exit 1; }',
-        r"s=$(cat)",
-        r"w='[[:space:]]*'",
-        r'f() { printf %s "$s" | sed -n "s/.*\"$1\"$w:$w\"\([^\"]*\)\".*/\1/p"; }',
-        r'i=$(f id | tr -cd "A-Za-z0-9_.-")',
-        r"b=$(f bundle)",
-        r'p=$(printf %s "$s" | sed -n "s/.*\"pid\"$w:$w\([0-9][0-9]*\).*/\1/p")',
+        _STATE_FIELDS,
         r'[ -n "$i" ] && [ -n "$b" ] && [ -n "$p" ] || fail "cannot read the OCI state of the '
         r'container, so the consumers of claim $claim cannot be counted; container refused"',
         r'u=$(sed -n "s/.*\"user\"$w:$w{$w\"uid\"$w:$w\([0-9][0-9]*\).*/\1/p" '
         r'"$b/config.json" 2>/dev/null)',
-        r'who="$(f io.kubernetes.cri.sandbox-namespace)/$(f io.kubernetes.cri.sandbox-name)'
-        r'/$(f io.kubernetes.cri.container-name)"',
-        r'who=$(printf %s "$who" | tr -cd "A-Za-z0-9_./-")',
-        r'start() { sed "s/.*) //" "/proc/$1/stat" 2>/dev/null | cut -d" " -f20; }',
-        r"t=$(start $p)",
-        r'[ -n "$t" ] || fail "container process $p is gone before it started; container refused"',
-        r'mkdir -p "$d" || fail "cannot write the consumer records in $d"',
+        r'who="$ns/$pod/$ctr"',
+        # field 22 of /proc/<pid>/stat (the start time), the 20th after "<pid> (<comm>) ";
+        # builtins only: read, not a process per record
+        r"start() {",
+        r'  t=; x=; read -r x 2>/dev/null < "/proc/$1/stat"',
+        r'  x=${x##*") "}; set -- $x',
+        r'  [ $# -ge 20 ] && shift 19 && t=$1',
+        r"}",
+        r'start "$p"; ts=$t',
+        r'[ -n "$ts" ] || fail "container process $p is gone before it started; container refused"',
+        r'[ -d "$d" ] || mkdir -p "$d" || fail "cannot write the consumer records in $d"',
         r'exec 9>"$d/.lock" || fail "cannot lock the consumer records in $d"',
         r'if command -v flock >/dev/null 2>&1; then flock -w 10 9 || fail "consumer records of '
         r'claim $claim stayed locked for 10 s; try again"; fi',
@@ -87,13 +101,14 @@ _CONSUMER_SCRIPT = "\n".join(
         r'n=0; on=""',
         r'for r in "$d"/*; do',
         r'  [ -f "$r" ] || continue',
-        r'  set -- $(cat "$r" 2>/dev/null)',
+        r'  l=; read -r l 2>/dev/null < "$r"; set -- $l',
         r"  [ $# -ge 3 ] || continue",
-        r'  if [ "$(start $2)" = "$3" ]; then n=$((n+1)); on="$on ${4:-?}"; else rm -f "$r"; fi',
+        r'  start "$2"',
+        r'  if [ "$t" = "$3" ]; then n=$((n+1)); on="$on ${4:-?}"; else rm -f "$r"; fi',
         r"done",
         r'[ "$n" -lt "$m" ] || fail "claim $claim already has $n running consumer(s) (${on# }) and '
         r'allows $m at once: $how"',
-        r'printf "%s %s %s %s\n" "${u:--}" "$p" "$t" "$who" > "$d/.$i" && mv "$d/.$i" "$d/$i" '
+        r'printf "%s %s %s %s\n" "${u:--}" "$p" "$ts" "$who" > "$d/.$i" && mv "$d/.$i" "$d/$i" '
         r'|| fail "cannot write the consumer record $d/$i"',
         "exit 0",
     )
@@ -107,7 +122,9 @@ recorded start time; records of ended containers are removed). Below ``$2`` it w
 at ``$2`` it exits 1 with a message naming the claim (``$3``), the running consumers and what
 to do (``$4``), which the runtime reports on the pod. A container already recorded (another
 device of the same claim) passes. ``flock`` (util-linux) serialises concurrent creations where
-the host has it."""
+the host has it. It starts few processes (``sed`` twice, ``flock``, ``mv``; ``mkdir`` for a
+claim's first container): each costs about a millisecond of every container start
+(``benchmarks/bench_hooks.py``)."""
 
 
 def memory_limit_hook(gpu_uuid: str, driver_root: str, hook_path: str = CTK_HOOK_PATH) -> Hook:

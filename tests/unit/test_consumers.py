@@ -156,6 +156,37 @@ def test_a_container_already_admitted_passes_again(tmp_path: Path) -> None:
         assert run_gate(users, tmp_path / "b1", "c1", 1000, one.pid).returncode == 0
 
 
+def test_the_gate_reads_runcs_compact_state_and_keeps_only_safe_names(tmp_path: Path) -> None:
+    """runc writes the state without spaces (the other tests: with); a name with characters
+    outside ``A-Za-z0-9_.-`` is left out of the record rather than written."""
+    users = tmp_path / "users" / UID
+    with container_process() as one:
+        state = {
+            "ociVersion": "1.2.0",
+            "id": "c1",
+            "status": "creating",
+            "pid": one.pid,
+            "bundle": str(tmp_path / "b1"),
+            "annotations": {
+                "io.kubernetes.cri.container-name": "main",
+                "io.kubernetes.cri.sandbox-name": "a b;$(touch x)",
+                "io.kubernetes.cri.sandbox-namespace": "team-a",
+            },
+        }
+        bundle = tmp_path / "b1"
+        bundle.mkdir()
+        (bundle / "config.json").write_text('{"process":{"user":{"uid":0,"gid":0}}}')
+        hook = consumer_gate_hook(str(users), 1, "team-a/shared", ADVICE)
+        done = subprocess.run(
+            [hook.path, *hook.args[1:]], input=json.dumps(state, separators=(",", ":")),
+            text=True, capture_output=True, timeout=30, cwd=tmp_path,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        start = process_start(Path("/proc"), one.pid)
+        assert (users / "c1").read_text() == f"0 {one.pid} {start} team-a//main\n"
+        assert not (tmp_path / "x").exists()
+
+
 def test_an_unreadable_state_is_refused(tmp_path: Path) -> None:
     done = run_gate(tmp_path / "u", tmp_path / "b", "c", 1000, 1, state={"id": "c"})
     assert done.returncode == 1

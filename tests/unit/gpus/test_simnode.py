@@ -119,3 +119,33 @@ def test_lost_gpus_file_takes_gpus_away_and_back(tmp_path: Path) -> None:
     lost.unlink()
     source.vanished.add(0)
     assert [g.index for g in source.discover().gpus] == [1, 2]
+
+
+def test_the_hook_stand_in_records_its_gpu_and_the_containers_memory_variables(
+    tmp_path: Path,
+) -> None:
+    """Run as runc runs a createRuntime hook: the OCI state (compact JSON) on stdin."""
+    hook = tmp_path / "bin" / simnode.HOOK_NAME
+    hook.parent.mkdir()
+    hook.write_text(simnode.hook_script(tmp_path / "records"))
+    hook.chmod(0o755)
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    env = ["PATH=/bin", "NVIDIA_GPU_MEMORY_REQUEST=1024", "NVIDIA_GPU_MEMORY_LIMIT=2048"]
+    (bundle / "config.json").write_text(json.dumps({"process": {"env": env}}))
+    state = {"ociVersion": "1.2.0", "id": "ctr1", "pid": 1, "bundle": str(bundle)}
+    args = ["apply-cuda-memory-limits", "--driver-root", "/", "--gpu-id", GPUS[0].uuid]
+    done = subprocess.run(
+        [str(hook), *args], input=json.dumps(state, separators=(",", ":")), text=True
+    )
+    assert done.returncode == 0
+    record = (tmp_path / "records" / f"ctr1.{GPUS[0].uuid}").read_text().splitlines()
+    assert record == [
+        "container=ctr1",
+        f"args={' '.join(args)}",
+        f"gpu={GPUS[0].uuid}",
+        "NVIDIA_GPU_MEMORY_REQUEST=1024",
+        "NVIDIA_GPU_MEMORY_LIMIT=2048",
+    ]
+    # garbage on stdin never fails the container
+    assert subprocess.run([str(hook), *args], input="not json", text=True).returncode == 0
