@@ -6,10 +6,10 @@ the container starts: what they cost, every container of a claim pays at every s
 here as runc runs them (the OCI state as JSON on stdin, the bundle's ``config.json`` beside):
 
 - ``noop``: ``/bin/true``, the floor of any hook (a process start);
-- ``consumer_gate``: the consumer gate (every MPS tier): counts the claim's running consumers
-  under a lock and records the container; the claim already has ``--records`` records of
-  running containers (its other consumers), each checked;
-- ``record_cgroup``: the ``hard`` tier's record of the container's cgroup;
+- ``consumer_gate``: the consumer gate as the ``hard`` tier runs it: records the container's
+  cgroup, counts the claim's running consumers under a lock and records the container; the
+  claim already has ``--records`` records of running containers (its other consumers), each
+  checked;
 - ``cdi_hook_stand_in``: the simulated node's stand-in for NVIDIA's ``nvidia-cdi-hook``
   (simulated nodes only; NVIDIA's is compiled and costs about a no-op).
 
@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dra_driver.enforce.hooks import consumer_gate_hook, record_cgroup_hook  # noqa: E402
+from dra_driver.enforce.hooks import consumer_gate_hook  # noqa: E402
 from dra_driver.gpus import open_source, simnode  # noqa: E402
 from dra_driver.model.cdi import Hook  # noqa: E402
 
@@ -106,8 +106,9 @@ def main() -> int:
         max_consumers = args.records + runs + 1
         hooks = {
             "noop": Hook("createRuntime", shutil.which("true") or "/bin/true", ("true",)),
-            "consumer_gate": consumer_gate_hook(str(users), max_consumers, "team-a/c", "advice"),
-            "record_cgroup": record_cgroup_hook(str(root / "records" / CLAIM_UID)),
+            "consumer_gate": consumer_gate_hook(
+                str(users), max_consumers, "team-a/c", "advice", "/bin/sh", str(root / "cgroups")
+            ),
             "cdi_hook_stand_in": Hook(
                 "createRuntime",
                 str(stand_in),
@@ -131,7 +132,7 @@ def main() -> int:
         for name, xs in times.items():
             ratio = p50(xs) / p50(times["noop"])
             print(f"{name}_p50_ms: {p50(xs) * 1000:.2f} ({ratio:.1f}x noop)")
-        hard = sum(p50(times[n]) for n in ("consumer_gate", "record_cgroup", "cdi_hook_stand_in"))
+        hard = sum(p50(times[n]) for n in ("consumer_gate", "cdi_hook_stand_in"))
         print(f"hooks_per_container_p50_ms: {hard * 1000:.2f}")
         print(f"hooks_per_container_ratio_to_noop: {hard / p50(times['noop']):.1f}")
     finally:

@@ -9,7 +9,9 @@ compute mode set, its MPS server started); it times create -> Running (all conta
 polled every 20 ms). Claims choose their GPU with a selector on the driver's ``index``
 attribute. Where the time goes: a watch of the namespace's pods and claims stamps each pod's
 phases as the API server reports them (claim created by the resourceclaim controller, claim
-allocated, pod bound to the node, pod Running); the table gives each phase's p50 per kind.
+allocated, pod bound to the node, pod Running); the table gives each phase's p50 per kind,
+and of the kubelet's NodePrepareResources call to the plugin (from the kubelet's metrics, read
+before each pod's create and after it runs). Then the kubelet's DRA histograms of the run.
 Then ``helm upgrade`` with a changed value and the time until the DaemonSet has rolled out
 (new pod running, old one gone). Prints the tables; asserts nothing. Times are seconds.
 
@@ -26,12 +28,14 @@ import argparse
 import json
 import os
 import shutil
+import ssl
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +176,10 @@ class Timeline:
 def start_time(
     core: k8s.CoreV1Api, name: str, gpu: int | None, timeline: Timeline | None = None
 ) -> float:
+    """Seconds from create to Running of a new pod ``name``; with ``timeline``, its phases and
+    the kubelet's Prepare call to the plugin (read from the kubelet's metrics before the
+    create and after Running, outside the timed part) are kept in :data:`PHASE_TIMES`."""
+    before = prepare_call_seconds(core.api_client) if timeline is not None else 0.0
     t0 = time.monotonic()
     core.create_namespaced_pod(NAMESPACE, model(k8s.V1Pod, pod_body(name, gpu)))
     wait(f"pod {name} Running", lambda: running(core, name))
@@ -179,8 +187,27 @@ def start_time(
     if timeline is not None:
         # the watch may report Running a moment after the poll saw it
         wait(f"pod {name} Running on the watch", lambda: "pod Running" in timeline.seen[name], 10)
-        PHASE_TIMES.setdefault(kind_of(name), []).append(timeline.phases(name, t0))
+        phases = timeline.phases(name, t0)
+        if gpu is not None:
+            phases[PREPARE_CALL] = prepare_call_seconds(core.api_client) - before
+        PHASE_TIMES.setdefault(kind_of(name), []).append(phases)
     return took
+
+
+PREPARE_CALL = "Prepare call"
+"""The kubelet's NodePrepareResources call to the plugin, as the kubelet timed it."""
+
+
+def prepare_call_seconds(api: k8s.ApiClient) -> float:
+    """Seconds the kubelet spent in NodePrepareResources calls to the driver so far (the sum of
+    its ``dra_grpc_operations_duration_seconds`` histogram for that method)."""
+    total = 0.0
+    for line in kubelet_metrics(api).splitlines():
+        if line.startswith("dra_grpc_operations_duration_seconds_sum{") and (
+            "NodePrepareResources" in line
+        ):
+            total += float(line.rpartition(" ")[2])
+    return total
 
 
 PHASE_TIMES: dict[str, list[dict[str, float]]] = {}
@@ -189,6 +216,46 @@ PHASE_TIMES: dict[str, list[dict[str, float]]] = {}
 
 def kind_of(name: str) -> str:
     return name.rpartition("-")[0]
+
+
+DRA_METRICS = ("dra_operations_duration_seconds", "dra_grpc_operations_duration_seconds")
+"""The kubelet's histograms of its DRA work: each operation (PrepareResources: the gRPC call to
+the plugin and the kubelet's own checkpoint) and each gRPC call to a plugin (the plugin's
+Prepare as the kubelet sees it; the local install serves no plugin metrics)."""
+
+
+def kubelet_metrics(api: k8s.ApiClient) -> str:
+    """The kubelet's /metrics, read from its port on this machine with the kubeconfig's client
+    certificate (the API server's node proxy resolves the node's name, which no DNS knows)."""
+    node = raw(k8s.CoreV1Api(api).read_node(NODE, _preload_content=False))
+    port = node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
+    tls = ssl.create_default_context()
+    tls.check_hostname = False
+    tls.verify_mode = ssl.CERT_NONE  # the kubelet's self-signed serving certificate
+    tls.load_cert_chain(api.configuration.cert_file, api.configuration.key_file)
+    url = f"https://127.0.0.1:{port}/metrics"
+    with urllib.request.urlopen(url, context=tls, timeout=10) as resp:
+        text: str = resp.read().decode()
+    return text
+
+
+def dra_means(text: str) -> dict[str, tuple[int, float]]:
+    """Series of :data:`DRA_METRICS` in a /metrics ``text`` (labels as text) -> (count, mean
+    seconds)."""
+    values: dict[tuple[str, str], float] = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition("{")
+        for metric in DRA_METRICS:
+            for suffix in ("_sum", "_count"):
+                if name == metric + suffix:
+                    labels, _, value = rest.rpartition(" ")
+                    values[(f"{metric}{{{labels}", suffix)] = float(value)
+    means = {}
+    for (series, suffix), total in values.items():
+        count = values.get((series, "_count"), 0.0)
+        if suffix == "_sum" and count:
+            means[series] = (int(count), total / count)
+    return means
 
 
 def gone(core: k8s.CoreV1Api, name: str) -> None:
@@ -318,6 +385,12 @@ def main() -> int:
             gone(core, f"claim-{i}")  # GPU 0 keeps room: the warm-up claim and this one
             if i + 1 < GPUS:
                 first.append(start_time(core, f"first-{i + 1}", i + 1, timeline))
+        # before the rollout replaces the plugin (and its counters)
+        try:
+            dra = dra_means(kubelet_metrics(api))
+        except (OSError, KeyError, k8s.ApiException) as exc:
+            print(f"the kubelet's metrics could not be read: {exc}")
+            dra = {}
         took = rollout(api, kubeconfig, values)
         print("\npod start latency, create -> Running, one real node")
         print(f"{'':44} {'pods':>5} {'p50':>8} {'p90':>8} {'mean':>8} {'p50/plain':>10}")
@@ -332,14 +405,20 @@ def main() -> int:
                 f"{label:44} {len(xs):5} {pct(xs, 0.5):7.2f}s {pct(xs, 0.9):7.2f}s "
                 f"{statistics.mean(xs):7.2f}s {ratio:9.2f}x"
             )
-        print("\nwhere the time goes: p50 seconds from create to each phase (API watch events)")
-        print(f"{'':8} " + " ".join(f"{p:>16}" for p in PHASES))
+        print(
+            "\nwhere the time goes: p50 seconds from create to each phase (API watch events), "
+            "and of the kubelet's Prepare call to the plugin (its metrics)"
+        )
+        print(f"{'':8} " + " ".join(f"{p:>16}" for p in (*PHASES, PREPARE_CALL)))
         for kind, runs in PHASE_TIMES.items():
             cells = []
-            for phase in PHASES:
+            for phase in (*PHASES, PREPARE_CALL):
                 xs = [r[phase] for r in runs if phase in r]
                 cells.append(f"{pct(xs, 0.5):15.3f}s" if xs else f"{'-':>16}")
             print(f"{kind:8} " + " ".join(cells))
+        print("\nthe kubelet's DRA work (its /metrics, every call of the run): count, mean")
+        for series, (count, mean) in sorted(dra.items()):
+            print(f"  {series[:110]:110} {count:5} {mean * 1000:8.1f} ms")
         print(f"DaemonSet rollout on helm upgrade (1 node, running pods kept): {took:.1f}s")
         print(f"pod_start_p50_ratio_to_plain: {pct(joining, 0.5) / pct(plain, 0.5):.2f}")
     finally:

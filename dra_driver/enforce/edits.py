@@ -9,7 +9,6 @@ from dra_driver.enforce.hooks import (
     consumer_gate_hook,
     memory_env,
     memory_limit_hook,
-    record_cgroup_hook,
 )
 from dra_driver.enforce.names import daemon_pipe_dir, mib
 from dra_driver.enforce.targets import FractionTarget, MpsOptions
@@ -39,7 +38,8 @@ def target_edits(
     device_key: str | None = None,
 ) -> ContainerEdits:
     """Pure: the CDI edits of one device of ``target`` (env, the pipe mount, hooks: on every
-    MPS tier the consumer gate, on ``hard`` also the memory-limit and cgroup record hooks).
+    MPS tier the consumer gate, on ``hard`` also the memory-limit hook, and the gate records
+    the container's cgroup).
 
     The ``hard`` tier's per-container limits are one consumer's share of the device
     (:func:`device_consumer_mib`; of the whole target without ``device_key``):
@@ -71,25 +71,23 @@ def target_edits(
     env = head + env
     mounts = (Mount(pipe_dir, CONTAINER_PIPE_DIR, PIPE_MOUNT_OPTIONS),)
     records = options.user_record_root / target.claim.uid
+    hard = target.tier == Tier.HARD
     gate = consumer_gate_hook(
         str(records / device_key if device_key else records),
         target.max_consumers,
         f"{target.claim.namespace}/{target.claim.name}",
         consumers_advice(target),
         options.record_shell,
+        str(options.record_root / target.claim.uid) if hard and options.record_cgroups else "",
     )
-    if target.tier != Tier.HARD:
+    if not hard:
         return ContainerEdits(env=tuple(env), mounts=mounts, hooks=(gate,))
     if device_key is None:
         env.extend(memory_env(target.consumer_request_mib, target.consumer_limit_mib))
     else:
         env.extend(memory_env(*device_consumer_mib(target, device_key)))
-    hooks = [memory_limit_hook(target.gpu.uuid, options.driver_root, options.ctk_hook_path)]
-    if options.record_cgroups:
-        record_dir = str(options.record_root / target.claim.uid)
-        hooks.append(record_cgroup_hook(record_dir, options.record_shell))
-    hooks.append(gate)
-    return ContainerEdits(env=tuple(env), mounts=mounts, hooks=tuple(hooks))
+    memory = memory_limit_hook(target.gpu.uuid, options.driver_root, options.ctk_hook_path)
+    return ContainerEdits(env=tuple(env), mounts=mounts, hooks=(memory, gate))
 
 
 def device_consumer_mib(target: FractionTarget, key: str) -> tuple[int, int]:

@@ -21,10 +21,12 @@ Layout on the node (host paths; the plugin sees them at the same paths):
 - the claim's container gets only its namespace's pipe directory, bind-mounted at
   ``/tmp/nvidia-mps``, and ``CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps``;
 - ``hard`` GPUs add the toolkit's ``createRuntime`` memory-limit hook (one per device, for the
-  device's GPU) with ``NVIDIA_GPU_MEMORY_REQUEST``/``_LIMIT`` and our cgroup record hook;
+  device's GPU) with ``NVIDIA_GPU_MEMORY_REQUEST``/``_LIMIT``; the consumer gate records the
+  container's cgroup;
 - ``<root>/mps/compute-mode/<uuid>``: marker of a GPU whose compute mode we changed (so a
   restarted plugin puts it back to DEFAULT when no claim needs it);
-- ``<root>/cgroups/<claim-uid>/``: the record hook's files (:mod:`.janitor`).
+- ``<root>/cgroups/<claim-uid>/``: the cgroup records the consumer gate writes
+  (:mod:`.janitor`).
 
 :class:`MpsEnforcer` is the locked facade over its parts: :mod:`.ledger` (the claims' records),
 :mod:`.objects` and :mod:`.removal` (daemons, servers, namespaces), :mod:`.computemode`,

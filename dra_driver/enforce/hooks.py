@@ -6,13 +6,12 @@
    ``NVIDIA_GPU_MEMORY_LIMIT`` (hard limit), whole MiB, singular names, from the container's
    env, and does nothing unless BOTH are set; then sets them on the container's own cgroup via
    ``nvmlDeviceSetMemoryLimits_v1``. Hook paths are host paths.
-2. Our ``createRuntime`` *record* hook (hard tier): a ``/bin/sh`` one-liner (no binary of
-   ours on the host) that writes the container's cgroup path into
-   ``<record-dir>/<claim-uid>/<container-id>``.
+2. Our cgroup *record* (hard tier), written by the consumer gate (3.) before it counts: the
+   container's cgroup path into ``<record-dir>/<claim-uid>/<container-id>``.
    Unprepare uses these records to undo the soft-limit reservation that the dmem backend leaves
    on ancestor cgroups when a container's cgroup is removed (NVIDIA MPS docs, "MPS v3 Memory
-   Partitioning"; see
-   :mod:`dra_driver.enforce.janitor`). It never fails the container.
+   Partitioning"; see :mod:`dra_driver.enforce.janitor`). Writing it never fails the
+   container. It was a hook of its own: one shell less per container start.
 
 A ``poststop`` hook cannot do that job: runc removes the container's cgroup *before* it runs
 poststop hooks (libcontainer ``destroy()``: cgroup manager Destroy, then state dir, then
@@ -37,7 +36,7 @@ CTK_HOOK_PATH = "/usr/bin/nvidia-cdi-hook"
 """Default host path of the toolkit's CDI hook binary (toolkit >= v1.20 for this subcommand)."""
 
 RECORD_SHELL = "/bin/sh"
-"""Host shell that runs the record hook."""
+"""Host shell that runs the consumer gate."""
 
 _STATE_FIELDS = r"""w='[[:space:]]*'; v='\([A-Za-z0-9_.-]*\)'
 while read -r k x; do
@@ -57,28 +56,19 @@ characters other than ``A-Za-z0-9_.-`` (the bundle: any but ``"``), stays empty.
 for all fields: a hook runs at every container start, and each process a shell starts costs
 about a millisecond."""
 
-_RECORD_SCRIPT = "\n".join(
-    (
-        "umask 077",
-        r'd="$1"; i=; p=',
-        _STATE_FIELDS,
-        r'[ -n "$p" ] && [ -n "$i" ] || exit 0',
-        r'c=$(sed -n "s/^0:://p" "/proc/$p/cgroup" 2>/dev/null)',
-        r'[ -n "$c" ] || exit 0',
-        r'[ -d "$d" ] || mkdir -p "$d" 2>/dev/null || exit 0',
-        r'printf "%s\n" "$c" > "$d/$i" 2>/dev/null',
-        "exit 0",
-    )
-)
-"""Reads the OCI state (JSON on stdin), takes ``pid`` and ``id``, writes the cgroup v2 path
-(the ``0::`` line of ``/proc/<pid>/cgroup``) into ``$1/<id>``; always exits 0."""
-
 _CONSUMER_SCRIPT = "\n".join(
     (
         "umask 077",
-        r'd="$1"; m="$2"; claim="$3"; how="$4"; i=; b=; p=; ns=; pod=; ctr=',
+        r'd="$1"; m="$2"; claim="$3"; how="$4"; cg="$5"; i=; b=; p=; ns=; pod=; ctr=',
         r'fail() { printf "gpu-fraction.dra.dev: %s\n" "$1" >&2; exit 1; }',
         _STATE_FIELDS,
+        # the cgroup record (hard tier): first, whatever the gate decides; never fails
+        r'if [ -n "$cg" ] && [ -n "$i" ] && [ -n "$p" ]; then',
+        r'  c=$(sed -n "s/^0:://p" "/proc/$p/cgroup" 2>/dev/null)',
+        r'  if [ -n "$c" ] && { [ -d "$cg" ] || mkdir -p "$cg" 2>/dev/null; }; then',
+        r'    printf "%s\n" "$c" 2>/dev/null > "$cg/$i"',
+        r"  fi",
+        r"fi",
         r'[ -n "$i" ] && [ -n "$b" ] && [ -n "$p" ] || fail "cannot read the OCI state of the '
         r'container, so the consumers of claim $claim cannot be counted; container refused"',
         r'u=$(sed -n "s/.*\"user\"$w:$w{$w\"uid\"$w:$w\([0-9][0-9]*\).*/\1/p" '
@@ -89,7 +79,7 @@ _CONSUMER_SCRIPT = "\n".join(
         r"start() {",
         r'  t=; x=; read -r x 2>/dev/null < "/proc/$1/stat"',
         r'  x=${x##*") "}; set -- $x',
-        r'  [ $# -ge 20 ] && shift 19 && t=$1',
+        r"  [ $# -ge 20 ] && shift 19 && t=$1",
         r"}",
         r'start "$p"; ts=$t',
         r'[ -n "$ts" ] || fail "container process $p is gone before it started; container refused"',
@@ -122,7 +112,9 @@ recorded start time; records of ended containers are removed). Below ``$2`` it w
 at ``$2`` it exits 1 with a message naming the claim (``$3``), the running consumers and what
 to do (``$4``), which the runtime reports on the pod. A container already recorded (another
 device of the same claim) passes. ``flock`` (util-linux) serialises concurrent creations where
-the host has it. It starts few processes (``sed`` twice, ``flock``, ``mv``; ``mkdir`` for a
+the host has it. With ``$5`` (the ``hard`` tier), it first writes the container's cgroup v2
+path (the ``0::`` line of ``/proc/<pid>/cgroup``) into ``$5/<container-id>``, never failing
+for it. It starts few processes (``sed`` twice, ``flock``, ``mv``; ``mkdir`` for a
 claim's first container): each costs about a millisecond of every container start
 (``benchmarks/bench_hooks.py``)."""
 
@@ -143,17 +135,13 @@ def memory_limit_hook(gpu_uuid: str, driver_root: str, hook_path: str = CTK_HOOK
     )
 
 
-def record_cgroup_hook(record_dir: str, shell: str = RECORD_SHELL) -> Hook:
-    """Our ``createRuntime`` hook that records the container's cgroup under ``record_dir``."""
-    return Hook(
-        hook_name="createRuntime",
-        path=shell,
-        args=(Path(shell).name, "-c", _RECORD_SCRIPT, "gpu-fraction-record", record_dir),
-    )
-
-
 def consumer_gate_hook(
-    record_dir: str, max_consumers: int, claim: str, advice: str, shell: str = RECORD_SHELL
+    record_dir: str,
+    max_consumers: int,
+    claim: str,
+    advice: str,
+    shell: str = RECORD_SHELL,
+    cgroup_record_dir: str = "",
 ) -> Hook:
     """Our ``createRuntime`` hook that admits at most ``max_consumers`` running containers of a
     claim and records each one under ``record_dir`` (:data:`_CONSUMER_SCRIPT`).
@@ -164,6 +152,8 @@ def consumer_gate_hook(
         claim: ``<namespace>/<name>`` of the claim, for the refusal.
         advice: the end of the refusal: what each consumer may hold and what to do.
         shell: the host shell that runs the script.
+        cgroup_record_dir: ``<root>/cgroups/<claim-uid>`` (``hard`` tier): where the
+            container's cgroup path is recorded first; ``""``: no record.
     """
     return Hook(
         hook_name="createRuntime",
@@ -177,6 +167,7 @@ def consumer_gate_hook(
             str(max_consumers),
             claim,
             advice,
+            *([cgroup_record_dir] if cgroup_record_dir else []),
         ),
     )
 

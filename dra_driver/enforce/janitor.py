@@ -7,15 +7,15 @@ reservation (NVIDIA MPS docs, "MPS v3 Memory Partitioning"; ``docs/enforcement.m
 goes, which no OCI hook can do (see :mod:`dra_driver.enforce.hooks`). What we do instead, at
 Unprepare (the kubelet calls it after every container of the pod has stopped):
 
-- for each container recorded by the record hook: if its cgroup still exists, set soft 0 /
-  hard max on it (covered);
+- for each container whose cgroup the consumer gate recorded: if its cgroup still exists, set
+  soft 0 / hard max on it (covered);
 - else if its parent (the pod cgroup) still exists and has dmem files: set the parent's soft
   limit to the sum of its live children's soft limits, if it is higher (covered; [INFERRED]
   that NVML then lowers the ancestors above by the same amount, as it raised them);
 - else log a warning with the amount that may stay reserved (not covered).
 
 The misc backend is flat (no ancestor bookkeeping), so records are just removed. Containers
-created without the record hook (or whose hook could not write) are not covered either.
+created without the cgroup record (or whose gate could not write it) are not covered either.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class JanitorReport:
 
 
 class SoftLimitJanitor:
-    """Reads the record hook's files and repairs soft-limit reservations at release.
+    """Reads the cgroup records and repairs soft-limit reservations at release.
 
     Args:
         record_root: host directory of the records (``<record_root>/<claim-uid>/<id>``).
@@ -64,7 +64,7 @@ class SoftLimitJanitor:
         self.dmem_backend = dmem_backend
 
     def claim_dir(self, claim_uid: str) -> Path:
-        """Where the record hook writes the claim's containers (host path)."""
+        """Where the consumer gate records the claim's containers' cgroups (host path)."""
         return self.record_root / claim_uid
 
     def containers(self, claim_uid: str) -> dict[str, Path]:

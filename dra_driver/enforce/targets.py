@@ -67,8 +67,8 @@ class MpsOptions:
         ctk_hook_path: host path of the toolkit's ``nvidia-cdi-hook``.
         driver_root: ``--driver-root`` for the toolkit hook (host path; ``/`` or e.g.
             ``/run/nvidia/driver`` with a containerised driver).
-        record_cgroups: add our cgroup record hook on ``hard`` GPUs.
-        record_shell: host shell that runs the record hook.
+        record_cgroups: have the consumer gate record the container's cgroup on ``hard`` GPUs.
+        record_shell: host shell that runs the consumer gate.
         cgroup_root: cgroup v2 mount as the plugin sees it.
         dmem_backend: whether the driver uses the dmem cgroup backend (drift repair needed).
         default_active_thread_percentage: sm-sharing claims without a value (1..100; 100 =
@@ -106,7 +106,7 @@ class MpsOptions:
 
     @property
     def record_root(self) -> Path:
-        """``<root>/cgroups``: the record hook's directory."""
+        """``<root>/cgroups``: the cgroup records' directory (written by the consumer gate)."""
         return Path(self.root) / "cgroups"
 
     @property

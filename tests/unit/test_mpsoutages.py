@@ -1,6 +1,6 @@
 """An MPS outage made visible: an event on the claim's pods, one count per replaced server and
 GPU, and ``MpsClientsConnected=False`` on the claim's MPS devices until the containers that ran
-before it (the user record hook's records, older than the outage) are gone."""
+before it (the consumer gate's records, older than the outage) are gone."""
 
 from __future__ import annotations
 

@@ -124,7 +124,7 @@ def test_cdi_spec_with_hooks_is_valid(tmp_path: Path) -> None:
     )
     validator().validate(spec)
     hooks = spec["devices"][0]["containerEdits"]["hooks"]
-    assert [h["hookName"] for h in hooks] == ["createRuntime"] * 3  # limits, cgroup, user
+    assert [h["hookName"] for h in hooks] == ["createRuntime"] * 2  # limits; gate with cgroup
 
 
 def test_a_new_server_has_its_side_doors_closed(tmp_path: Path) -> None:

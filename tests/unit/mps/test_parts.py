@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from dra_driver.enforce import MpsError
 from dra_driver.enforce.control import MpsControl
 from dra_driver.enforce.daemon import MpsDaemon, config_toml
-from dra_driver.enforce.hooks import record_cgroup_hook
+from dra_driver.enforce.hooks import consumer_gate_hook
 from dra_driver.enforce.janitor import SoftLimitJanitor
 from dra_driver.enforce.names import (
     claim_uid_of,
@@ -189,7 +189,7 @@ def test_fake_refuses_busy_deletes_and_supports_v2_only(tmp_path: Path) -> None:
         MpsControl(old, tmp_path / "p2", tmp_path / "l2").start_daemon(None)
 
 
-# --- record hook (real /bin/sh) -----------------------------------------------------------
+# --- cgroup record of the consumer gate (real /bin/sh) -------------------------------------
 
 
 @pytest.mark.integration  # starts a real process
@@ -197,29 +197,35 @@ def test_fake_refuses_busy_deletes_and_supports_v2_only(tmp_path: Path) -> None:
     not Path("/bin/sh").exists() or not Path("/proc/self/cgroup").exists(),
     reason="needs sh and /proc",
 )
-def test_record_hook_writes_container_cgroup(tmp_path: Path) -> None:
-    hook = record_cgroup_hook(str(tmp_path / "records/uid"))
-    state = {
-        "ociVersion": "1.2.0",
-        "id": "ctr-1.a_b",
-        "status": "created",
-        "pid": os.getpid(),
-        "bundle": "/run/containerd/x",
-        "annotations": {"io.kubernetes.cri.sandbox-id": "sb", "x": "pid"},
-    }
-    done = subprocess.run(
-        [hook.path, *hook.args[1:]], input=json.dumps(state).encode(), check=False
+def test_the_gate_records_the_container_cgroup_even_when_it_refuses(tmp_path: Path) -> None:
+    """The hard tier's cgroup record (what Unprepare's janitor reads) is written before the
+    gate counts: a container it refuses was still given its memory limits by the hook before."""
+    cgroups = tmp_path / "cgroups/uid"
+    hook = consumer_gate_hook(
+        str(tmp_path / "users/uid"), 1, "ns/c", "advice", "/bin/sh", str(cgroups)
     )
-    assert done.returncode == 0
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "config.json").write_text("{}")
     expected = next(
         line.split("::", 1)[1]
         for line in Path("/proc/self/cgroup").read_text().splitlines()
         if line.startswith("0::")
     )
-    assert (tmp_path / "records/uid/ctr-1.a_b").read_text().strip() == expected
-    # garbage on stdin never fails the container
-    bad = subprocess.run([hook.path, *hook.args[1:]], input=b"not json", check=False)
-    assert bad.returncode == 0
+    for container, rc in (("ctr-1.a_b", 0), ("ctr-2", 1)):  # the second: over maxConsumers
+        state = {
+            "ociVersion": "1.2.0",
+            "id": container,
+            "status": "created",
+            "pid": os.getpid(),
+            "bundle": str(bundle),
+            "annotations": {"io.kubernetes.cri.sandbox-id": "sb", "x": "pid"},
+        }
+        done = subprocess.run(
+            [hook.path, *hook.args[1:]], input=json.dumps(state).encode(), capture_output=True
+        )
+        assert done.returncode == rc, done.stderr
+        assert (cgroups / container).read_text().strip() == expected
 
 
 # --- janitor ------------------------------------------------------------------------------
