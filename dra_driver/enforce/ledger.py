@@ -75,17 +75,28 @@ class Ledger:
         """MPS targets of applied claims in compute mode ``mode``."""
         return [t for t in self._applied() if t.uses_mps and t.mode == mode]
 
+    def targets_of(self, plan: ClaimPlan) -> Sequence[FractionTarget]:
+        """``plan``'s targets (none when it is invalid: it never made anything)."""
+        try:
+            return targets_for_claim(plan, self.tiers, self.default_threads)
+        except MpsError:
+            return ()
+
+    def held(self) -> Iterator[tuple[str, Sequence[FractionTarget]]]:
+        """(claim UID, targets) of every claim whose MPS state this process keeps: applied ones
+        and pending ones (a pending claim's namespace may be there with its pods' clients)."""
+        for uid, applied in self.claims.items():
+            yield uid, applied.targets
+        for uid, plan in self.pending.items():
+            yield uid, self.targets_of(plan)
+
     def wanted_targets(self) -> list[FractionTarget]:
         """MPS targets of every claim that should be enforced: applied ones and pending ones
         (not yet re-applied after a restart or a failure). Servers and daemons they use are
         never retired, so one claim's rollback cannot tear down another's namespace."""
         wanted = [t for t in self._applied() if t.uses_mps]
         for plan in self.pending.values():
-            try:
-                targets = targets_for_claim(plan, self.tiers, self.default_threads)
-            except MpsError:
-                continue
-            wanted.extend(t for t in targets if t.uses_mps)
+            wanted.extend(t for t in self.targets_of(plan) if t.uses_mps)
         return wanted
 
     def _applied(self) -> Iterator[FractionTarget]:

@@ -69,10 +69,10 @@ class ClaimLifecycle:
         Raises:
             MpsError: invalid plan, a mode conflict on a GPU, or an MPS/NVML failure. A claim
                 nobody held before this call (a kubelet's first Prepare: no pod of it runs
-                yet) is then rolled back: what this call made is removed (a namespace that
-                was there is kept: another plugin process may serve its pods); any other (a
-                restore, a repair, a second Prepare) keeps what MPS has of it and is left
-                pending, retried by the health check.
+                yet) is then rolled back; any other (a restore, a repair, a second Prepare)
+                is left pending, retried by the health check. Either way what this call made
+                is removed and what was there before is kept (another plugin process, or the
+                claim's running pods, may use it).
         """
         ref = plan.claim
         bound = log.bind(claim_uid=ref.uid, namespace=ref.namespace, name=ref.name)
@@ -84,9 +84,7 @@ class ClaimLifecycle:
                 "node (any more)"
             )
         targets = targets_for_claim(plan, self.tiers, self.options.default_active_thread_percentage)
-        check_mode_conflicts(
-            ref.uid, targets, ((uid, a.targets) for uid, a in self.ledger.claims.items())
-        )
+        check_mode_conflicts(ref.uid, targets, self.ledger.held())
         previous = self.ledger.claims.pop(ref.uid, None)
         fresh = fresh and previous is None and ref.uid not in self.ledger.pending
         applied = Applied(plan, targets)
@@ -108,18 +106,20 @@ class ClaimLifecycle:
                 applied.record_server(t.gpu.uuid, self.objects.server_pid(t.mode, t.server))
         except EFFECT_ERRORS as exc:
             why = disk_problem(exc) if isinstance(exc, OSError) else str(exc)
+            # What this call made is removed, only that: a namespace that was there may be
+            # another process's (the other plugin pod of a rolling update) or serve the claim's
+            # running pods; one made now may lack its limits, and no client may stay on it.
+            made = [t for t in targets if _made_key(t) in self.objects.created]
             if fresh:
-                # What this call made, only: a namespace that was there may be another
-                # process's (the other plugin pod of a rolling update) with its pods' clients.
-                made = [t for t in targets if _made_key(t) in self.objects.created]
                 bound.error("MPS enforcement failed; claim rolled back", error=why)
                 self._teardown(made, also_idle=targets)
             else:
                 # A restore, a repair or a second Prepare: the claim's pods may run on what
-                # is there, so nothing of it is removed and no client terminated (no driver
-                # restart may end a tenant's work); check_health retries it.
-                bound.error("MPS enforcement failed; claim kept as it is, retried", error=why)
+                # was there, so none of it is removed (no driver restart may end a tenant's
+                # work); check_health retries the claim.
+                bound.error("MPS enforcement failed; claim kept as it was, retried", error=why)
                 self.ledger.pending[ref.uid] = plan
+                self._teardown(made)
             raise MpsError(f"claim {ref.namespace}/{ref.name}: {why}") from exc
         self.ledger.claims[ref.uid] = applied
         self.ledger.pending.pop(ref.uid, None)
@@ -141,11 +141,13 @@ class ClaimLifecycle:
                 stays recorded so that a retry repeats the release.
         """
         ns = namespace_name(claim_uid)
-        self.ledger.pending.pop(claim_uid, None)
+        pending = self.ledger.pending.pop(claim_uid, None)
         applied = self.ledger.claims.get(claim_uid)
         bound = log.bind(claim_uid=claim_uid, mps_namespace=ns)
         if applied is None:
             self._release_unknown(claim_uid)
+            if pending is not None:  # what it kept: its server and GPU retired if idle now
+                self._idle(self.ledger.targets_of(pending))
             return
         errors = []
         for t in _by_server(applied.targets):
@@ -201,9 +203,10 @@ class ClaimLifecycle:
         for (mode, uuid), gpu in seen.items():
             on_gpu = [o for o in users if o.gpu.uuid == uuid]
             try:
+                kept = False
                 if not any(o.mode == mode and not o.dedicated for o in on_gpu):
-                    removal.delete_shared_server(self.objects.daemons[mode], gpu)
-                if not on_gpu:
+                    kept = not removal.delete_shared_server(self.objects.daemons[mode], gpu)
+                if not on_gpu and not kept:  # a kept server's clients keep the GPU's mode
                     self.modes.restore(uuid)
             except EFFECT_ERRORS as exc:
                 log.error("retiring MPS server failed", gpu=uuid, error=str(exc))

@@ -255,6 +255,10 @@ class MpsObjects:
             ctl.namespace_create(ns, srv)
             self.created.add((daemon.mode, srv, ns))
             row = self.first_limits(ctl, t)
+        elif not row.has_memory_limit:
+            # never given its limits (made by a call that failed before them): its clients
+            # run uncapped and are terminated as early ones are, whoever they are
+            row = self.first_limits(ctl, t)
         else:
             drift = namespace_drift(row, t)
             if drift:

@@ -106,20 +106,21 @@ def remove_claim_server(daemon: MpsDaemon, server: str, claim_uid: str) -> None:
     shutil.rmtree(daemon.pipe_dir / server, ignore_errors=True)
 
 
-def delete_shared_server(daemon: MpsDaemon, gpu: Gpu) -> None:
+def delete_shared_server(daemon: MpsDaemon, gpu: Gpu) -> bool:
     """Delete ``gpu``'s shared server in ``daemon`` if listed (a hung daemon: left). Called
     when no claim of this process needs it; a delete refused because clients are attached is
     logged and the server kept: those clients are of claims this process does not hold (the
     other plugin pod of a rolling update prepared them), and ending them would end a tenant's
-    work. The next release or restore that finds it idle deletes it."""
+    work. The next release or restore that finds it idle deletes it. Returns False when the
+    server was kept."""
     ctl = daemon.control
     name = server_name(gpu.index)
     try:
         present = _listed(ctl, name)
     except MpsTimeout:
-        present = False
+        return False
     if not present:
-        return
+        return True
     try:
         ctl.server_delete(name)
     except MpsCommandError as exc:
@@ -128,6 +129,8 @@ def delete_shared_server(daemon: MpsDaemon, gpu: Gpu) -> None:
             mps_server=name,
             error=str(exc),
         )
+        return False
+    return True
 
 
 def delete_orphan(daemon: MpsDaemon, server: str, ns: str, uid: str) -> None:

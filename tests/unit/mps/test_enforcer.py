@@ -593,6 +593,99 @@ def test_a_first_prepare_that_fails_removes_what_it_made_and_no_one_elses_server
     assert "server delete gpu_0" in cmds  # tried, refused: clients attached
 
 
+@pytest.mark.parametrize("how", ["restore", "second Prepare"])
+def test_a_namespace_made_by_a_failed_reapply_never_serves_uncapped(
+    tmp_path: Path, how: str
+) -> None:
+    """Found by review: MPS lost a claim's namespace; the restore (or a second Prepare)
+    created it again and its namespace set failed. The namespace was kept without limits, the
+    claim's running pod attached to it, and every retry refused to re-set it (clients
+    attached). Now what the failed call made is removed, and a namespace found without a
+    memory limit has its clients terminated and its limits set, as one just made."""
+    node = Node(tmp_path)
+    g = node.gpus[0]
+    a = plan(device(g, GIB), uid=UID_A)
+    node.enforcer.apply(a)
+    pipe = node.pipe("time-slicing")
+    del node.mps.daemon(pipe).servers["gpu_0"].namespaces[ns(UID_A)]
+    enforcer = node.new_enforcer() if how == "restore" else node.enforcer
+    node.mps.fail("namespace", "set", stderr="transient failure")
+    if how == "restore":
+        enforcer.restore([a])
+    else:
+        with pytest.raises(MpsError, match="transient failure"):
+            enforcer.apply(a)
+    assert ns(UID_A) not in namespaces(node, "time-slicing")
+    enforcer.check_health()
+    assert namespaces(node, "time-slicing") == {ns(UID_A): (GIB, 100)}
+    assert [t.claim.uid for t in enforcer.targets()] == [UID_A]
+
+
+def test_a_namespace_found_without_limits_has_its_clients_terminated(tmp_path: Path) -> None:
+    """A namespace without a memory limit (made by a call that failed before its limits, in
+    a process that died then) serves its clients uncapped: a restore ends them and sets the
+    limits."""
+    node = Node(tmp_path)
+    g = node.gpus[0]
+    a = plan(device(g, GIB), uid=UID_A)
+    node.enforcer.apply(a)
+    pipe = node.pipe("time-slicing")
+    space = node.mps.daemon(pipe).servers["gpu_0"].namespaces[ns(UID_A)]
+    space.pinned = space.threads = None
+    uncapped = node.mps.add_client(pipe, "gpu_0", ns(UID_A))
+    node.new_enforcer().restore([a])
+    assert f"client terminate {uncapped}" in node.mps.commands()
+    assert namespaces(node, "time-slicing") == {ns(UID_A): (GIB, 100)}
+
+
+def test_a_kept_server_keeps_its_gpus_compute_mode(tmp_path: Path) -> None:
+    """Found by review: a shared server kept because clients of claims this process does not
+    hold are attached had its GPU set back to DEFAULT under them."""
+    node = Node(tmp_path)
+    g = node.gpus[0]
+    node.enforcer.apply(plan(device(g, GIB), uid=UID_A))
+    node.mps.add_client(node.pipe("time-slicing"), "gpu_0", ns(UID_A))
+    other = node.new_enforcer()
+    node.mps.fail("namespace", "set", stderr="invalid value")
+    with pytest.raises(MpsError):
+        other.apply(plan(device(g, GIB), uid=UID_B))
+    assert "gpu_0" in node.mps.daemon(node.pipe("time-slicing")).servers
+    assert node.nvml.gpus[g.uuid].compute_mode == "EXCLUSIVE_PROCESS"
+
+
+def test_a_pending_claim_counts_in_the_mode_conflict_check(tmp_path: Path) -> None:
+    """Found by review: a claim whose second Prepare failed (pending, its namespace kept with
+    its pod's client) was not seen by the mode check, and a claim of the other mode was
+    applied on its GPU."""
+    node = Node(tmp_path)
+    g = node.gpus[0]
+    a = plan(device(g, GIB), uid=UID_A)
+    node.enforcer.apply(a)
+    node.mps.add_client(node.pipe("time-slicing"), "gpu_0", ns(UID_A))
+    node.mps.fail("namespace", "list", times=1)
+    with pytest.raises(MpsError):
+        node.enforcer.apply(a)
+    with pytest.raises(MpsError, match="time-slicing"):
+        node.enforcer.apply(plan(device(g, GIB, mode="sm-sharing"), uid=UID_B))
+    node.enforcer.check_health()
+    assert [t.claim.uid for t in node.enforcer.targets()] == [UID_A]
+
+
+def test_the_release_of_a_pending_claim_retires_its_idle_server(tmp_path: Path) -> None:
+    """Found by review: a pending claim's Unprepare removed its namespace but left its GPU's
+    server running with no claim."""
+    node = Node(tmp_path)
+    g = node.gpus[0]
+    a = plan(device(g, GIB), uid=UID_A)
+    node.enforcer.apply(a)
+    node.mps.fail("namespace", "list", times=1)
+    with pytest.raises(MpsError):
+        node.enforcer.apply(a)
+    node.enforcer.release(UID_A)
+    assert node.mps.daemons == {}
+    assert node.nvml.gpus[g.uuid].compute_mode == "DEFAULT"
+
+
 def test_a_restore_under_another_default_sm_percentage_ends_no_tenants_work(
     tmp_path: Path,
 ) -> None:
