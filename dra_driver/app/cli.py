@@ -16,7 +16,11 @@ from dra_driver.model.errors import DriverError
 
 def mps_control(binary: str | None, gpus: str) -> str:
     """The MPS control program: ``--mps-control``, else the emulator for simulated GPUs, else
-    ``nvidia-cuda-mps-control``."""
+    ``nvidia-cuda-mps-control``.
+
+    Raises:
+        EmulatorBuildError: the emulator's control program is missing and cannot be built.
+    """
     if binary:
         return binary
     if gpus.startswith("simulated:"):
@@ -33,6 +37,11 @@ def _mps_service(args: argparse.Namespace) -> int:
     if not args.node_name:
         print("error: --node-name (or NODE_NAME) is required", file=sys.stderr)
         return 2
+    try:
+        control = mps_control(args.mps_control, args.gpus)
+    except DriverError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     env: dict[str, str] = {}
     if args.gpus.startswith("simulated:"):
         from dra_driver.gpus import open_source
@@ -47,7 +56,7 @@ def _mps_service(args: argparse.Namespace) -> int:
     opts = ServiceOptions(
         node=args.node_name,
         root=Path(args.mps_root),
-        binary=mps_control(args.mps_control, args.gpus),
+        binary=control,
         env=env,
         interval=args.interval,
     )
@@ -97,6 +106,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.node_name:
         print("error: --node-name (or NODE_NAME) is required", file=sys.stderr)
         return 2
+    try:
+        control = mps_control(args.mps_control, args.gpus)
+    except DriverError as exc:
+        print(f"error: cannot start the kubelet plugin: {exc}", file=sys.stderr)
+        return 2
     options = PluginOptions(
         driver_name=args.driver,
         node_name=args.node_name,
@@ -123,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         simulated_enforcer=args.simulated_enforcer,
         mps=MpsOptions(
             root=args.mps_root,
-            control_binary=mps_control(args.mps_control, args.gpus),
+            control_binary=control,
             service=args.mps_service == "separate",
             ctk_hook_path=args.cdi_hook,
             driver_root=args.driver_root,

@@ -38,7 +38,7 @@ CTK_HOOK_PATH = "/usr/bin/nvidia-cdi-hook"
 RECORD_SHELL = "/bin/sh"
 """Host shell that runs the consumer gate."""
 
-_STATE_FIELDS = r"""w='[[:space:]]*'; v='\([A-Za-z0-9_.-]*\)'
+_STATE_FIELDS = r"""w='[[:space:]]*'; v='\([A-Za-z0-9_.+-]*\)'
 while read -r k x; do
   case $k in i) i=$x ;; b) b=$x ;; p) p=$x ;; n) ns=$x ;; s) pod=$x ;; c) ctr=$x ;; esac
 done <<EOF
@@ -52,7 +52,7 @@ EOF"""
 """Shell lines that read the OCI state (JSON on stdin) with one ``sed`` and set ``i`` (the
 container ID), ``b`` (the bundle), ``p`` (the PID), ``ns``, ``pod`` and ``ctr`` (the CRI
 annotations naming the pod and container); a field that is missing, or whose value has
-characters other than ``A-Za-z0-9_.-`` (the bundle: any but ``"``), stays empty. One process
+characters other than ``A-Za-z0-9_.+-`` (the bundle: any but ``"``), stays empty. One process
 for all fields: a hook runs at every container start, and each process a shell starts costs
 about a millisecond."""
 
@@ -94,7 +94,11 @@ _CONSUMER_SCRIPT = "\n".join(
         r'  l=; read -r l 2>/dev/null < "$r"; set -- $l',
         r"  [ $# -ge 3 ] || continue",
         r'  start "$2"',
-        r'  if [ "$t" = "$3" ]; then n=$((n+1)); on="$on ${4:-?}"; else rm -f "$r"; fi',
+        # running: its start time matches, or cannot be read (a name with a newline cuts the
+        # first line of stat) while the process is there; ended otherwise
+        r'  if [ "$t" = "$3" ] || { [ -z "$t" ] && [ -d "/proc/$2" ]; }; then',
+        r'    n=$((n+1)); on="$on ${4:-?}"',
+        r'  else rm -f "$r"; fi',
         r"done",
         r'[ "$n" -lt "$m" ] || fail "claim $claim already has $n running consumer(s) (${on# }) and '
         r'allows $m at once: $how"',
@@ -106,7 +110,8 @@ _CONSUMER_SCRIPT = "\n".join(
 """The consumer gate: reads the OCI state (JSON on stdin: ``id``, ``pid``, ``bundle``, the CRI
 annotations naming the pod and container), and under a lock on the claim's record directory
 ``$1`` counts the claim's running consumers (records whose process still runs with the
-recorded start time; records of ended containers are removed). Below ``$2`` it writes
+recorded start time, or whose start time cannot be read while the process is there; records of
+ended containers are removed). Below ``$2`` it writes
 ``$1/<container-id>``: ``<uid> <pid> <start-time-in-ticks> <namespace>/<pod>/<container>``
 (``uid``: ``process.user.uid`` of ``<bundle>/config.json``, ``-`` if unreadable) and exits 0;
 at ``$2`` it exits 1 with a message naming the claim (``$3``), the running consumers and what

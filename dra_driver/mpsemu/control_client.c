@@ -177,21 +177,24 @@ int main(int argc, char **argv) {
     if (send_all(fd, request, (size_t)request_len) != 0)
         return no_answer(strerror(errno));
 
-    size_t cap = 65536, len = 0;
+    /* the header line, then as many bytes as it gives; what the daemon does after them (it
+     * closes, perhaps with a reset when it did not read the request) is not waited for */
+    size_t cap = 65536, len = 0, need = 0, header = 0;
+    long rc = 0;
+    unsigned long n_out = 0, n_err = 0;
     char *reply = malloc(cap);
     if (reply == NULL)
         return fail("nvidia-cuda-mps-control (emulator): out of memory");
-    for (;;) {
+    while (need == 0 || len < need) {
         if (len == cap) {
-            if (cap > MAX_REPLY + HEADER_LIMIT)
-                return no_answer("reply longer than the limit");
             cap *= 2;
             char *bigger = realloc(reply, cap);
             if (bigger == NULL)
                 return fail("nvidia-cuda-mps-control (emulator): out of memory");
             reply = bigger;
         }
-        ssize_t n = recv(fd, reply + len, cap - len, 0);
+        ssize_t n = recv(fd, reply + len, need ? (need - len < cap - len ? need - len : cap - len)
+                                              : cap - len, 0);
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
@@ -201,22 +204,30 @@ int main(int argc, char **argv) {
         if (n == 0)
             break;
         len += (size_t)n;
+        if (need == 0) {
+            char *newline = memchr(reply, '\n', len < HEADER_LIMIT + 1 ? len : HEADER_LIMIT + 1);
+            if (newline == NULL) {
+                if (len > HEADER_LIMIT)
+                    return no_answer("reply header longer than the limit");
+                continue;
+            }
+            *newline = '\0';
+            int used = 0;
+            if (reply[0] == ' ' || reply[0] == '+' ||
+                sscanf(reply, "%ld %lu %lu%n", &rc, &n_out, &n_err, &used) != 3 ||
+                reply + used != newline || strchr(reply, '+') != NULL || strstr(reply, "  "))
+                return no_answer("reply header is not '<rc> <stdout bytes> <stderr bytes>'");
+            if (n_out > MAX_REPLY || n_err > MAX_REPLY || n_out + n_err > MAX_REPLY)
+                return no_answer("reply longer than the limit");
+            header = (size_t)(newline + 1 - reply);
+            need = header + n_out + n_err;
+            if (need == header)
+                break;
+        }
     }
     close(fd);
-
-    char *newline = memchr(reply, '\n', len < HEADER_LIMIT ? len : HEADER_LIMIT);
-    long rc;
-    unsigned long n_out, n_err;
-    int used = 0;
-    if (newline == NULL)
-        return no_answer("reply has no header");
-    *newline = '\0';
-    if (sscanf(reply, "%ld %lu %lu%n", &rc, &n_out, &n_err, &used) != 3 ||
-        reply + used != newline)
-        return no_answer("reply header is not '<rc> <stdout bytes> <stderr bytes>'");
-    size_t body = len - (size_t)(newline + 1 - reply);
-    if (n_out > MAX_REPLY || n_err > MAX_REPLY || body != n_out + n_err)
+    if (need == 0 || len != need)
         return no_answer("reply is not as long as its header says");
-    const char *out = newline + 1;
+    const char *out = reply + header;
     return emit((int)rc, out, n_out, out + n_out, n_err);
 }

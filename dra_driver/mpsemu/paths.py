@@ -30,7 +30,8 @@ class EmulatorBuildError(StartupError):
 
 def emulator_path() -> Path:
     """The emulated ``nvidia-cuda-mps-control``: the compiled client (built if missing or older
-    than its source), which hands anything but a plain command to :func:`python_program`.
+    than its source, unless its directory cannot be written and it is there), which hands
+    anything but a plain command to :func:`python_program`.
 
     Raises:
         EmulatorBuildError: no C compiler, or the compiler failed (its output included).
@@ -39,6 +40,8 @@ def emulator_path() -> Path:
     if CLIENT_SOURCE.exists() and (
         not program.exists() or program.stat().st_mtime < CLIENT_SOURCE.stat().st_mtime
     ):
+        if program.exists() and not os.access(BIN, os.W_OK):
+            return program  # an installed tree that cannot be written: the program it has
         build_client(program)
     return program
 
@@ -50,7 +53,10 @@ def build_client(program: Path) -> None:
         EmulatorBuildError: as :func:`emulator_path`.
     """
     compiler = os.environ.get("CC", "cc")
-    fd, tmp = tempfile.mkstemp(dir=program.parent, prefix=".build-")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=program.parent, prefix=".build-")
+    except OSError as exc:
+        raise EmulatorBuildError(f"cannot build the MPS emulator's control program: {exc}") from exc
     os.close(fd)
     try:
         try:

@@ -115,41 +115,66 @@ def decode_reply(data: bytes) -> Completed:
             not exactly the sizes it gives.
     """
     header, newline, body = data.partition(b"\n")
-    fields = header.split(b" ")
-    if not newline or len(fields) != 3 or not all(f.lstrip(b"-").isdigit() for f in fields):
-        shape = "'<rc> <stdout bytes> <stderr bytes>'"
-        raise WireError(f"reply header is not {shape}: {header[:80]!r}")
-    rc, n_out, n_err = (int(f) for f in fields)
-    if n_out < 0 or n_err < 0 or len(body) != n_out + n_err:
+    if not newline:
+        raise WireError(f"reply has no header line: {header[:80]!r}")
+    rc, n_out, n_err = _header(header)
+    if len(body) != n_out + n_err:
         raise WireError(f"reply has {len(body)} bytes after its header, not {n_out} + {n_err}")
     out, err = body[:n_out], body[n_out:]
     return Completed(rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
 
 
-def read_all(sock: socket.socket, limit: int, timeout: float) -> bytes:
-    """Read until the peer closes.
+def _header(header: bytes) -> tuple[int, int, int]:
+    """``(rc, stdout bytes, stderr bytes)`` of a reply's header line (without its newline).
+
+    Raises:
+        WireError: not three integers, or a size negative.
+    """
+    fields = header.split(b" ")
+    if len(fields) != 3 or not all(f.lstrip(b"-").isdigit() for f in fields):
+        shape = "'<rc> <stdout bytes> <stderr bytes>'"
+        raise WireError(f"reply header is not {shape}: {header[:80]!r}")
+    rc, n_out, n_err = (int(f) for f in fields)
+    if n_out < 0 or n_err < 0:
+        raise WireError(f"reply header gives a negative size: {header[:80]!r}")
+    return rc, n_out, n_err
+
+
+def read_reply(sock: socket.socket, timeout: float) -> Completed:
+    """Read one reply: its header line, then as many bytes as it gives (what the peer does
+    after them, e.g. closing with a reset, is not waited for).
 
     Args:
         sock: a connected stream socket.
-        limit: most bytes to accept.
         timeout: seconds each receive may wait.
 
     Raises:
-        WireError: more than ``limit`` bytes, or a receive timed out.
+        WireError: a header longer than :data:`HEADER_LIMIT` or malformed, output longer than
+            :data:`MAX_REPLY`, the peer closed early, or a receive timed out.
         OSError: the connection failed.
     """
     sock.settimeout(timeout)
     data = bytearray()
-    while True:
+    need: int | None = None
+    while need is None or len(data) < need:
         try:
-            chunk = sock.recv(min(65536, limit + 1 - len(data)))
+            chunk = sock.recv(65536)
         except TimeoutError as exc:
             raise WireError(f"no complete reply within {timeout:g} s") from exc
         if not chunk:
-            return bytes(data)
+            break
         data += chunk
-        if len(data) > limit:
-            raise WireError(f"reply longer than {limit} bytes")
+        if need is None:
+            end = data.find(b"\n", 0, HEADER_LIMIT + 1)
+            if end < 0:
+                if len(data) > HEADER_LIMIT:
+                    raise WireError(f"reply header longer than {HEADER_LIMIT} bytes")
+                continue
+            _, n_out, n_err = _header(bytes(data[:end]))
+            if n_out + n_err > MAX_REPLY:
+                raise WireError(f"reply longer than {MAX_REPLY} bytes")
+            need = end + 1 + n_out + n_err
+    return decode_reply(bytes(data))
 
 
 def call(path: str, request: Request, timeout: float) -> Completed:
@@ -164,4 +189,4 @@ def call(path: str, request: Request, timeout: float) -> Completed:
         sock.settimeout(timeout)
         sock.connect(path)
         sock.sendall(encode_request(request))
-        return decode_reply(read_all(sock, MAX_REPLY + HEADER_LIMIT, timeout))
+        return read_reply(sock, timeout)

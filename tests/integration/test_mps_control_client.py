@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from dra_driver.infra.runner import SubprocessRunner
+from dra_driver.model.commands import Completed
 from dra_driver.mpsemu.paths import EmulatorBuildError, build_client, emulator_path, python_program
+from dra_driver.mpsemu.wire import encode_reply
 from tests.support.mpsemu import private_root
 
 pytestmark = pytest.mark.integration
@@ -71,7 +76,9 @@ def test_the_compiled_client_answers_as_the_python_program(root: Path) -> None:
     assert SubprocessRunner().run([str(emulator_path()), "-q"], env=env(root)).ok
 
 
-def serve_once(path: Path, answer: Callable[[socket.socket], None]) -> threading.Thread:
+def serve_once(
+    path: Path, answer: Callable[[socket.socket], None], read_first: bool = True
+) -> threading.Thread:
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(str(path))
     listener.listen(1)
@@ -80,7 +87,10 @@ def serve_once(path: Path, answer: Callable[[socket.socket], None]) -> threading
         with listener:
             conn, _ = listener.accept()
             with conn:
-                conn.recv(65536)
+                if read_first:
+                    conn.recv(65536)
+                else:
+                    time.sleep(0.2)  # the client's request arrives, unread
                 answer(conn)
 
     thread = threading.Thread(target=run, daemon=True)
@@ -101,6 +111,43 @@ def test_a_daemon_that_answers_wrongly_is_no_answer(root: Path, reply: bytes) ->
         (root / "pipe" / "control").unlink()
         assert done.rc == 1 and done.stdout == "", program
         assert done.stderr.startswith("no answer from the MPS control daemon: "), program
+
+
+def test_an_answer_sent_before_the_request_is_read_comes_through(root: Path) -> None:
+    """A busy daemon answers at once and closes without reading the request (a reset follows
+    the answer): found by review, both clients then said "no answer"."""
+    (root / "pipe").mkdir()
+    busy = encode_reply(Completed(1, "", "MPS control daemon busy; retry"))
+    for program in (emulator_path(), python_program()):
+        answer = serve_once(root / "pipe" / "control", lambda c: c.sendall(busy), read_first=False)
+        done = SubprocessRunner(timeout=20).run([str(program), "server", "list"], env=env(root))
+        answer.join(5)
+        (root / "pipe" / "control").unlink()
+        assert (done.rc, done.stderr) == (1, "MPS control daemon busy; retry\n"), program
+
+
+def test_a_build_that_fails_stops_the_programs_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plugin and the MPS service on simulated GPUs need the emulator's control program: a
+    compiler that fails is an error line and exit status 2, not a traceback."""
+    program = emulator_path()
+    built = program.stat().st_mtime
+    os.utime(program, (built - 3600, built - 3600))  # older than its source: rebuilt at start
+    try:
+        env = {**os.environ, "CC": "false", "PYTHONPATH": str(Path.cwd())}
+        for command in ("mps-service", "kubelet-plugin"):
+            done = subprocess.run(
+                [sys.executable, "-m", "dra_driver", command, "--node-name=n",
+                 "--gpus=simulated:H200x1", f"--mps-root={tmp_path}"],
+                env=env, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert done.returncode == 2, done.stderr[-2000:]
+            assert done.stderr.startswith("error: ") and "Traceback" not in done.stderr
+            assert "compiling" in done.stderr
+    finally:
+        assert emulator_path() == program  # rebuilt
+    assert program.stat().st_mtime >= built
 
 
 def test_a_socket_path_too_long_is_no_daemon(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import copy
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -148,6 +149,27 @@ def test_a_reused_pid_is_no_running_consumer(tmp_path: Path) -> None:
     assert not (users / "old").exists()
 
 
+def test_a_consumer_that_renames_itself_with_a_newline_still_counts(tmp_path: Path) -> None:
+    """Found by review: a process name with a newline cut the first line of its stat, the gate
+    read no start time, took the consumer for ended and admitted one more than allowed."""
+    users = tmp_path / "users" / UID
+    rename = "import ctypes, sys, time; ctypes.CDLL(None).prctl(15, b'a) \\nb', 0, 0, 0); "
+    rename += "print(flush=True); time.sleep(300)"
+    proc = subprocess.Popen([sys.executable, "-c", rename], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline()
+        assert "\n" in Path(f"/proc/{proc.pid}/comm").read_text()[:-1]
+        users.mkdir(parents=True)
+        (users / "c1").write_text(f"1000 {proc.pid} 1 team-a/pod-a/main\n")
+        with container_process() as two:
+            refused = run_gate(users, tmp_path / "b2", "c2", 1000, two.pid, 1, "pod-b")
+        assert refused.returncode == 1 and "team-a/pod-a/main" in refused.stderr
+        assert (users / "c1").exists()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_a_container_already_admitted_passes_again(tmp_path: Path) -> None:
     """Each device of a claim carries the gate: a container with two devices runs it twice."""
     users = tmp_path / "users" / UID
@@ -163,7 +185,7 @@ def test_the_gate_reads_runcs_compact_state_and_keeps_only_safe_names(tmp_path: 
     with container_process() as one:
         state = {
             "ociVersion": "1.2.0",
-            "id": "c1",
+            "id": "c+1",  # runc allows + in IDs
             "status": "creating",
             "pid": one.pid,
             "bundle": str(tmp_path / "b1"),
@@ -183,7 +205,7 @@ def test_the_gate_reads_runcs_compact_state_and_keeps_only_safe_names(tmp_path: 
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
         start = process_start(Path("/proc"), one.pid)
-        assert (users / "c1").read_text() == f"0 {one.pid} {start} team-a//main\n"
+        assert (users / "c+1").read_text() == f"0 {one.pid} {start} team-a//main\n"
         assert not (tmp_path / "x").exists()
 
 

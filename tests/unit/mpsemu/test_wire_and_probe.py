@@ -15,8 +15,8 @@ from dra_driver.mpsemu.wire import (
     decode_request,
     encode_reply,
     encode_request,
-    read_all,
     read_line,
+    read_reply,
 )
 
 
@@ -55,20 +55,32 @@ def test_malformed_replies_are_wire_errors() -> None:
             decode_reply(data)
 
 
-def test_read_all_reads_to_the_close_bounded_and_timed() -> None:
+def test_read_reply_reads_what_the_header_gives_bounded_and_timed() -> None:
     a, b = socket.socketpair()
     with a, b:
-        a.sendall(b"0 2 0\nok")
-        a.shutdown(socket.SHUT_WR)
-        assert read_all(b, 100, 1) == b"0 2 0\nok"
+        # the bytes the header gives, then nothing more is read (a busy daemon resets after)
+        a.sendall(b"3 2 1\nokx")
+        assert read_reply(b, 1) == Completed(3, "ok", "x")
+        a.sendall(b"0 0 0\n")
+        assert read_reply(b, 1) == Completed(0)
     a, b = socket.socketpair()
     with a, b:
         a.sendall(b"x" * 200)
-        with pytest.raises(WireError, match="longer than 100"):
-            read_all(b, 100, 1)
+        with pytest.raises(WireError, match="header longer than"):
+            read_reply(b, 1)
     a, b = socket.socketpair()
-    with a, b, pytest.raises(WireError, match="no complete reply"):
-        read_all(b, 100, 0.05)
+    with a, b:
+        a.sendall(b"0 %d 0\n" % (9 << 20))
+        with pytest.raises(WireError, match="reply longer than"):
+            read_reply(b, 1)
+    a, b = socket.socketpair()
+    with a, b:
+        with pytest.raises(WireError, match="no complete reply"):
+            read_reply(b, 0.05)
+        a.sendall(b"0 5 0\nab")
+        a.shutdown(socket.SHUT_WR)
+        with pytest.raises(WireError, match="bytes after its header"):
+            read_reply(b, 1)
 
 
 def test_read_line_is_bounded_and_timed() -> None:
