@@ -243,21 +243,22 @@ class MpsDaemon:
             text = base
         write_atomic(self.config_file, text.encode(), 0o600, durable=False)
 
-    def stop(self) -> None:
-        """Quit the daemon and remove its pipe directory; logs are kept. Called when no claim
-        of this process needs it, after its servers were deleted.
+    def stop(self, only_idle: bool = False) -> None:
+        """Quit the daemon (and its servers) and remove its pipe directory; logs are kept.
 
         A daemon that does not answer in time is left running with its directory (removing
-        the sockets of a live daemon would orphan it and its clients), and so is one that
-        still lists servers: they serve claims this process does not hold (the other plugin
-        pod of a rolling update prepared them), and quitting would end their clients.
+        the sockets of a live daemon would orphan it and its clients). ``only_idle`` (when no
+        claim of this process needs the daemon, after its servers were deleted): one that
+        still lists servers is left running too: they serve claims this process does not
+        hold (the other plugin pod of a rolling update prepared them), and quitting would end
+        their clients.
         """
         try:
             rows = self._rows()
         except MpsTimeout as exc:
             log.warning("MPS daemon not answering; not stopped", mode=self.mode, error=str(exc))
             return
-        if rows:
+        if rows and only_idle:
             log.warning(
                 "MPS control daemon kept: it serves servers no claim of this process needs",
                 mode=self.mode,
@@ -340,5 +341,5 @@ class ServiceDaemon(MpsDaemon):
             )
         return rows
 
-    def stop(self) -> None:
+    def stop(self, only_idle: bool = False) -> None:
         """Nothing: the service owns the daemon (it keeps running for the next claims)."""

@@ -212,7 +212,7 @@ class ClaimLifecycle:
                 log.error("retiring MPS server failed", gpu=uuid, error=str(exc))
         for mode, daemon in self.objects.daemons.items():
             if any(t.mode == mode for t in targets) and not any(u.mode == mode for u in users):
-                daemon.stop()
+                daemon.stop(only_idle=True)
 
     def reset_compute_modes(self) -> None:
         """Put back to DEFAULT every GPU whose compute mode was changed and no claim needs."""

@@ -50,7 +50,7 @@ def restore_claims(life: ClaimLifecycle, plans: Sequence[ClaimPlan]) -> None:
     life.reset_compute_modes()
     for mode, daemon in objects.daemons.items():
         if not any(t.mode == mode for t in wanted) and daemon.alive():
-            daemon.stop()
+            daemon.stop(only_idle=True)
     log.info("MPS state restored", claims=len(ledger.claims), pending=len(ledger.pending))
 
 
