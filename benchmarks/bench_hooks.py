@@ -36,25 +36,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dra_driver.enforce.hooks import consumer_gate_hook  # noqa: E402
 from dra_driver.gpus import open_source, simnode  # noqa: E402
 from dra_driver.model.cdi import Hook  # noqa: E402
+from tests.support.ocistate import oci_state  # noqa: E402
 
 CLAIM_UID = "0a000000-0000-4000-8000-00000000000a"
 
 
 def state(container: str, pid: int, bundle: Path) -> str:
     """The OCI state runc writes on a hook's stdin (compact JSON, as runc does)."""
-    body = {
-        "ociVersion": "1.2.0",
-        "id": container,
-        "status": "creating",
-        "pid": pid,
-        "bundle": str(bundle),
-        "annotations": {
-            "io.kubernetes.cri.container-name": "main",
-            "io.kubernetes.cri.sandbox-name": "pod-a",
-            "io.kubernetes.cri.sandbox-namespace": "team-a",
-        },
-    }
-    return json.dumps(body, separators=(",", ":"))
+    return json.dumps(oci_state(container, pid, bundle), separators=(",", ":"))
 
 
 def run_hook(hook: Hook, stdin: str) -> float:

@@ -94,10 +94,7 @@ class Ledger:
         """MPS targets of every claim that should be enforced: applied ones and pending ones
         (not yet re-applied after a restart or a failure). Servers and daemons they use are
         never retired, so one claim's rollback cannot tear down another's namespace."""
-        wanted = [t for t in self._applied() if t.uses_mps]
-        for plan in self.pending.values():
-            wanted.extend(t for t in self.targets_of(plan) if t.uses_mps)
-        return wanted
+        return [t for _, targets in self.held() for t in targets if t.uses_mps]
 
     def _applied(self) -> Iterator[FractionTarget]:
         return (t for a in self.claims.values() for t in a.targets)

@@ -112,14 +112,13 @@ class ClaimLifecycle:
             made = [t for t in targets if _made_key(t) in self.objects.created]
             if fresh:
                 bound.error("MPS enforcement failed; claim rolled back", error=why)
-                self._teardown(made, also_idle=targets)
             else:
                 # A restore, a repair or a second Prepare: the claim's pods may run on what
                 # was there, so none of it is removed (no driver restart may end a tenant's
                 # work); check_health retries the claim.
                 bound.error("MPS enforcement failed; claim kept as it was, retried", error=why)
                 self.ledger.pending[ref.uid] = plan
-                self._teardown(made)
+            self._teardown(made, also_idle=targets if fresh else ())
             raise MpsError(f"claim {ref.namespace}/{ref.name}: {why}") from exc
         self.ledger.claims[ref.uid] = applied
         self.ledger.pending.pop(ref.uid, None)

@@ -36,6 +36,7 @@ from dra_driver.observe.consumers import (
 from tests.support import claimfactory as cf
 from tests.support.apiserver_stub import ClaimStatusServer
 from tests.support.node import NODE
+from tests.support.ocistate import oci_state
 from tests.unit.test_claimstatus import prepared, writer
 
 UID = "0a000000-0000-4000-8000-00000000000a"
@@ -77,18 +78,7 @@ def run_gate(
     (bundle / "config.json").write_text(json.dumps(config, separators=(",", ":")))
     hook = consumer_gate_hook(str(record_dir), max_consumers, "team-a/shared", ADVICE)
     if state is None:
-        state = {
-            "ociVersion": "1.0.2",
-            "id": container,
-            "status": "creating",
-            "pid": pid,
-            "bundle": str(bundle),
-            "annotations": {
-                "io.kubernetes.cri.container-name": "main",
-                "io.kubernetes.cri.sandbox-name": pod,
-                "io.kubernetes.cri.sandbox-namespace": "team-a",
-            },
-        }
+        state = oci_state(container, pid, bundle, pod)
     return subprocess.run(
         [hook.path, *hook.args[1:]], input=json.dumps(state), text=True, timeout=30,
         capture_output=True,
@@ -183,18 +173,8 @@ def test_the_gate_reads_runcs_compact_state_and_keeps_only_safe_names(tmp_path: 
     outside ``A-Za-z0-9_.-`` is left out of the record rather than written."""
     users = tmp_path / "users" / UID
     with container_process() as one:
-        state = {
-            "ociVersion": "1.2.0",
-            "id": "c+1",  # runc allows + in IDs
-            "status": "creating",
-            "pid": one.pid,
-            "bundle": str(tmp_path / "b1"),
-            "annotations": {
-                "io.kubernetes.cri.container-name": "main",
-                "io.kubernetes.cri.sandbox-name": "a b;$(touch x)",
-                "io.kubernetes.cri.sandbox-namespace": "team-a",
-            },
-        }
+        # runc allows + in IDs; a pod name outside A-Za-z0-9_.+- is left out
+        state = oci_state("c+1", one.pid, tmp_path / "b1", "a b;$(touch x)")
         bundle = tmp_path / "b1"
         bundle.mkdir()
         (bundle / "config.json").write_text('{"process":{"user":{"uid":0,"gid":0}}}')
