@@ -21,7 +21,13 @@ import pytest
 
 from dra_driver.infra.runner import SubprocessRunner
 from dra_driver.model.commands import Completed
-from dra_driver.mpsemu.paths import EmulatorBuildError, build_client, emulator_path, python_program
+from dra_driver.mpsemu.paths import (
+    CLIENT_SOURCE,
+    EmulatorBuildError,
+    build_client,
+    emulator_path,
+    python_program,
+)
 from dra_driver.mpsemu.wire import encode_reply
 from tests.support.mpsemu import private_root
 
@@ -74,6 +80,14 @@ def test_the_compiled_client_answers_as_the_python_program(root: Path) -> None:
     assert both(root, "bogus", "x")[0][2] == "Unknown command: bogus x\n"
     assert both(root, "server", "list")[0] == (0, "", "")
     assert SubprocessRunner().run([str(emulator_path()), "-q"], env=env(root)).ok
+
+
+def make_stale(program: Path) -> None:
+    """Date ``program`` before its source. Not "an hour before its own time": a binary built
+    more than an hour after the source was edited stayed newer (a local run that then
+    started a real MPS service and timed out)."""
+    before = CLIENT_SOURCE.stat().st_mtime - 60
+    os.utime(program, (before, before))
 
 
 def serve_once(
@@ -133,7 +147,7 @@ def test_a_build_that_fails_stops_the_programs_with_one_line(
     compiler that fails is an error line and exit status 2, not a traceback."""
     program = emulator_path()
     built = program.stat().st_mtime
-    os.utime(program, (built - 3600, built - 3600))  # older than its source: rebuilt at start
+    make_stale(program)  # rebuilt at start
     try:
         env = {**os.environ, "CC": "false", "PYTHONPATH": str(Path.cwd())}
         for command in ("mps-service", "kubelet-plugin"):
@@ -170,11 +184,9 @@ def test_it_is_rebuilt_when_its_source_is_newer_and_a_failed_build_says_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     program = emulator_path()
-    built = program.stat().st_mtime
-    os.utime(program, (built - 3600, built - 3600))
-    source = program.parent.parent / "control_client.c"
-    assert program.stat().st_mtime < source.stat().st_mtime
-    assert emulator_path() == program and program.stat().st_mtime >= source.stat().st_mtime
+    make_stale(program)
+    assert program.stat().st_mtime < CLIENT_SOURCE.stat().st_mtime
+    assert emulator_path() == program and program.stat().st_mtime >= CLIENT_SOURCE.stat().st_mtime
     monkeypatch.setenv("CC", "false")
     with pytest.raises(EmulatorBuildError, match="failed"):
         build_client(tmp_path / "x")
