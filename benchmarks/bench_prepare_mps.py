@@ -94,8 +94,8 @@ def main() -> int:
     from dra_driver.config.load import load_node_config
     from dra_driver.enforce import RecordingEnforcer
     from dra_driver.enforce.enforcer import MpsEnforcer, MpsOptions
-    from dra_driver.enforce.names import daemon_pipe_dir
-    from dra_driver.enforce.simnvml import SimulatedNvml
+    from dra_driver.enforce.mps.simnvml import SimulatedNvml
+    from dra_driver.enforce.rules.names import daemon_pipe_dir
     from dra_driver.gpus import SimulatedGpuSource
     from dra_driver.infra.runner import SubprocessRunner
     from dra_driver.model.vocabulary import ComputeMode

@@ -297,7 +297,7 @@ class CgroupLimits:
             return how + f"cgroup limit NOT applied: {exc}"
 
     def close(self) -> None:
-        from dra_driver.enforce.nvmlcontrol import UNLIMITED
+        from dra_driver.enforce.mps.nvmlcontrol import UNLIMITED
 
         for leaf in self.leaves:
             with contextlib.suppress(Exception):

@@ -1,2 +1,2 @@
-"""Layer 8, app: the command line and the long-running kubelet plugin that wire every layer.
+"""app: the command line and the long-running kubelet plugin that wire every layer.
 May import: every layer."""

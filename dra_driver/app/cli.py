@@ -32,7 +32,7 @@ def mps_control(binary: str | None, gpus: str) -> str:
 
 def _mps_service(args: argparse.Namespace) -> int:
     """``dra-driver mps-service``."""
-    from dra_driver.enforce.service import ServiceOptions, run_service
+    from dra_driver.enforce.mpsservice.service import ServiceOptions, run_service
 
     if not args.node_name:
         print("error: --node-name (or NODE_NAME) is required", file=sys.stderr)

@@ -9,9 +9,9 @@ from pathlib import Path
 from dra_driver.app.nodestate import NodeState
 from dra_driver.enforce import FractionEnforcer, RecordingEnforcer
 from dra_driver.enforce.enforcer import MpsEnforcer, MpsOptions
-from dra_driver.enforce.names import daemon_pipe_dir
-from dra_driver.enforce.nvmlcontrol import NvmlFacade, PynvmlFacade
-from dra_driver.enforce.simnvml import SimulatedNvml
+from dra_driver.enforce.mps.nvmlcontrol import NvmlFacade, PynvmlFacade
+from dra_driver.enforce.mps.simnvml import SimulatedNvml
+from dra_driver.enforce.rules.names import daemon_pipe_dir
 from dra_driver.enforce.tiers import EnforcementReport
 from dra_driver.infra.runner import SubprocessRunner
 from dra_driver.model.vocabulary import ComputeMode
@@ -29,7 +29,7 @@ def make_enforcer(
     """The enforcer for this node and its usage source for accounting.
 
     The MPS enforcer: with NVML on real GPUs (``sim_root`` None); on simulated ones with
-    simulated NVML under ``sim_root`` (:mod:`dra_driver.enforce.simnvml`) and the MPS emulator
+    simulated NVML under ``sim_root`` (:mod:`dra_driver.enforce.mps.simnvml`) and the MPS emulator
     as the control program. Simulated GPUs with ``recording`` (``--simulated-enforcer
     recording``) get the :class:`RecordingEnforcer` instead (no MPS at all; it creates the pipe
     directories its specs mount).

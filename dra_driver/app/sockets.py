@@ -6,9 +6,9 @@ kubelet sockets (:class:`~dra_driver.kubelet.server.SocketPaths`), and every MPS
 server and namespace binds ``<its pipe directory>/control`` (NVIDIA MPS docs, "MPS v3
 Namespaces"): the daemon's ``<root>/mps/<mode>/pipe``, a shared server's ``gpu_<index>``
 below it, a claim's namespace ``c_<uid>`` below that, a multi-GPU claim's own server
-``m_<uid>`` with its namespace ``claim`` (:mod:`dra_driver.enforce.targets`). A path that is too
-long would fail only when the first claim arrives; :func:`check_socket_paths` refuses it at
-start-up instead.
+``m_<uid>`` with its namespace ``claim`` (:mod:`dra_driver.enforce.rules.targets`). A path
+that is too long would fail only when the first claim arrives; :func:`check_socket_paths`
+refuses it at start-up instead.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from dra_driver.enforce.names import (
+from dra_driver.enforce.rules.names import (
     DEDICATED_NAMESPACE,
     daemon_pipe_dir,
     dedicated_server_name,
     namespace_name,
     server_name,
 )
-from dra_driver.enforce.targets import MpsOptions
+from dra_driver.enforce.rules.targets import MpsOptions
 from dra_driver.kubelet.server import SocketPaths
 from dra_driver.model.errors import UsageError
 from dra_driver.model.vocabulary import COMPUTE_MODES

@@ -1,3 +1,3 @@
-"""Layer 3, config: what a node offers and what a claim may ask (the node configuration, its
+"""config: what a node offers and what a claim may ask (the node configuration, its
 loader, claim parameters, caps, class names). Pure except the file loader.
-May import: model, infra."""
+May import: model."""

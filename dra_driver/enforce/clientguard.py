@@ -1,6 +1,6 @@
 """Holding each claim to its share of the MPS client table: ``client list`` once per control
 daemon, then ``client terminate`` for each claim's clients beyond its cap, newest first
-(decisions in :mod:`dra_driver.enforce.clientcap`; ``docs/enforcement.md``, "Client cap")."""
+(decisions in :mod:`dra_driver.enforce.rules.clientcap`; ``docs/enforcement.md``, "Client cap")."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from collections.abc import Callable, Mapping, Sequence
 
 import structlog
 
-from dra_driver.enforce.base import ClientTermination, MpsError
-from dra_driver.enforce.clientcap import Excess, Ranks, cap_groups, plan_terminations
-from dra_driver.enforce.daemon import MpsDaemon
-from dra_driver.enforce.targets import FractionTarget
+from dra_driver.enforce.mps.daemon import MpsDaemon
+from dra_driver.enforce.rules.base import ClientTermination, MpsError
+from dra_driver.enforce.rules.clientcap import Excess, Ranks, cap_groups, plan_terminations
+from dra_driver.enforce.rules.targets import FractionTarget
 from dra_driver.model.plans import ClaimRef
 
 log = structlog.get_logger(__name__)

@@ -1,13 +1,13 @@
-"""The real :class:`~dra_driver.enforce.base.FractionEnforcer`: MPS v3 namespaces plus, on ``hard``
-GPUs, the driver's per-container memory limits. Design and sources: ``docs/enforcement.md``
+"""The real :class:`~dra_driver.enforce.rules.base.FractionEnforcer`: MPS v3 namespaces plus, on
+``hard`` GPUs, the driver's per-container memory limits. Design and sources: ``docs/enforcement.md``
 (its "Sources" section lists the upstream documents). The pure decisions (targets, edits,
-validation) live in :mod:`dra_driver.enforce.targets`, shared with the simulated
+validation) live in :mod:`dra_driver.enforce.rules.targets`, shared with the simulated
 :class:`RecordingEnforcer`.
 
 Layout on the node (host paths; the plugin sees them at the same paths):
 
 - ``<root>/mps/<mode>/pipe``: pipe directory of the control daemon serving ``mode``
-  (``time-slicing`` or ``sm-sharing``, see :mod:`dra_driver.enforce.daemon`), started lazily;
+  (``time-slicing`` or ``sm-sharing``, see :mod:`dra_driver.enforce.mps.daemon`), started lazily;
 - per GPU one shared server ``gpu_<index>`` with ``--allowed-devices=<UUID>``, created in the
   daemon of the GPU's mode after the GPU's compute mode is set (EXCLUSIVE_PROCESS by default);
 - per single-GPU claim one namespace ``c_<uid>`` on that server, ALWAYS with both a pinned
@@ -44,21 +44,27 @@ from pathlib import Path
 
 import structlog
 
-from dra_driver.enforce.base import ClientTermination, GpuHealth, MpsError
 from dra_driver.enforce.clientguard import ClientGuard, ClientsTerminated
-from dra_driver.enforce.computemode import ComputeModes
-from dra_driver.enforce.daemon import MpsDaemon, ServiceDaemon
-from dra_driver.enforce.edits import CONTAINER_PIPE_DIR, target_edits
 from dra_driver.enforce.healthcheck import HealthRepair
 from dra_driver.enforce.janitor import SoftLimitJanitor
 from dra_driver.enforce.ledger import Applied, Ledger
 from dra_driver.enforce.lifecycle import ClaimLifecycle
-from dra_driver.enforce.nvmlcontrol import NvmlFacade
-from dra_driver.enforce.objects import MpsObjects
-from dra_driver.enforce.outages import OutageListener
+from dra_driver.enforce.mps.computemode import ComputeModes
+from dra_driver.enforce.mps.daemon import MpsDaemon
+from dra_driver.enforce.mps.nvmlcontrol import NvmlFacade
+from dra_driver.enforce.mps.objects import MpsObjects
+from dra_driver.enforce.mpsservice.servicedaemon import ServiceDaemon
 from dra_driver.enforce.restore import restore_claims
-from dra_driver.enforce.rows import ClientRow
-from dra_driver.enforce.targets import DEFAULT_ROOT, FractionTarget, MpsOptions, targets_for_claim
+from dra_driver.enforce.rules.base import ClientTermination, GpuHealth, MpsError
+from dra_driver.enforce.rules.edits import CONTAINER_PIPE_DIR, target_edits
+from dra_driver.enforce.rules.outages import OutageListener
+from dra_driver.enforce.rules.rows import ClientRow
+from dra_driver.enforce.rules.targets import (
+    DEFAULT_ROOT,
+    FractionTarget,
+    MpsOptions,
+    targets_for_claim,
+)
 from dra_driver.infra import budget
 from dra_driver.infra.runner import Runner
 from dra_driver.model.cdi import ContainerEdits
@@ -201,8 +207,8 @@ class MpsEnforcer:
 
     def report_outages(self, listener: OutageListener) -> None:
         """Have every :meth:`check_health` that finds claims cut off their MPS server or
-        namespace call ``listener`` with them (:mod:`dra_driver.enforce.outages`); it runs with
-        the enforcer's lock held and must return at once."""
+        namespace call ``listener`` with them (:mod:`dra_driver.enforce.rules.outages`); it runs
+        with the enforcer's lock held and must return at once."""
         with self._lock:
             self._health.on_outages = listener
 
@@ -214,7 +220,7 @@ class MpsEnforcer:
 
     def check_clients(self) -> list[ClientTermination]:
         """Terminate each claim's MPS clients beyond its cap (newest first; the cap is the
-        claim's share of the server's client table, :mod:`dra_driver.enforce.clientcap`).
+        claim's share of the server's client table, :mod:`dra_driver.enforce.rules.clientcap`).
 
         One ``client list`` per control daemon with claims, then ``client terminate`` per
         excess client. The enforcer's lock is held only to read the applied claims, never
@@ -274,7 +280,7 @@ class MpsEnforcer:
     def _declare(self) -> None:
         """Write each daemon's claims file: the servers and namespaces of every claim to
         enforce (applied or pending), which the next start of the daemon creates with their
-        limits (:mod:`dra_driver.enforce.declared`). A failure is logged: the claims stay
+        limits (:mod:`dra_driver.enforce.rules.declared`). A failure is logged: the claims stay
         enforced, only a restarted daemon would wait for the health check again."""
         wanted = self._ledger.wanted_targets()
         for mode, daemon in self.daemons.items():

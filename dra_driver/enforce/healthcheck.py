@@ -1,7 +1,7 @@
 """Health check and repair of MPS enforcement: pending claims retried, every daemon, server and
 namespace that claims need checked and re-created when gone, each GPU's health reported, and
 each claim whose running containers lost their server or namespace reported as an outage
-(:mod:`dra_driver.enforce.outages`)."""
+(:mod:`dra_driver.enforce.rules.outages`)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
-from dra_driver.enforce.base import GpuHealth, MpsError
 from dra_driver.enforce.lifecycle import ClaimLifecycle
-from dra_driver.enforce.objects import EFFECT_ERRORS
-from dra_driver.enforce.outages import (
+from dra_driver.enforce.mps.objects import EFFECT_ERRORS
+from dra_driver.enforce.rules.base import GpuHealth, MpsError
+from dra_driver.enforce.rules.outages import (
     NAMESPACE_RECREATED,
     SERVER_RESTARTED,
     MpsOutage,
     OutageListener,
 )
-from dra_driver.enforce.targets import FractionTarget
+from dra_driver.enforce.rules.targets import FractionTarget
 from dra_driver.model.vocabulary import Tier
 
 log = structlog.get_logger(__name__)
@@ -33,7 +33,7 @@ class HealthRepair:
     Attributes:
         daemon_restarts: control daemons found not answering (and restarted) so far.
         service_down: the MPS node service was not ready at the last check (every daemon
-            has a :meth:`~dra_driver.enforce.daemon.MpsDaemon.service_problem`).
+            has a :meth:`~dra_driver.enforce.mps.daemon.MpsDaemon.service_problem`).
         on_outages: receives the outages each check finds (None: they are only logged).
 
     Args:

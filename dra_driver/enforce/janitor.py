@@ -4,7 +4,7 @@ With the dmem backend the driver raises every ancestor cgroup's ``dmem.min`` by 
 limit; when the runtime deletes the leaf directly (normal exit), the ancestors keep that
 reservation (NVIDIA MPS docs, "MPS v3 Memory Partitioning"; ``docs/enforcement.md``,
 "Soft-limit reservation drift"). NVIDIA's advice is to zero the soft limit before the cgroup
-goes, which no OCI hook can do (see :mod:`dra_driver.enforce.hooks`). What we do instead, at
+goes, which no OCI hook can do (see :mod:`dra_driver.enforce.rules.hooks`). What we do instead, at
 Unprepare (the kubelet calls it after every container of the pod has stopped):
 
 - for each container whose cgroup the consumer gate recorded: if its cgroup still exists, set
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import structlog
 
-from dra_driver.enforce.nvmlcontrol import UNLIMITED, NvmlError, NvmlFacade
+from dra_driver.enforce.mps.nvmlcontrol import UNLIMITED, NvmlError, NvmlFacade
 
 log = structlog.get_logger(__name__)
 

@@ -7,8 +7,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dra_driver.enforce.base import MpsError
-from dra_driver.enforce.targets import FractionTarget, targets_for_claim
+from dra_driver.enforce.rules.base import MpsError
+from dra_driver.enforce.rules.targets import FractionTarget, targets_for_claim
 from dra_driver.model.plans import ClaimPlan
 
 

@@ -8,15 +8,15 @@ from collections.abc import Mapping, Sequence
 
 import structlog
 
-from dra_driver.enforce import removal
-from dra_driver.enforce.base import MpsError, disk_problem
-from dra_driver.enforce.computemode import ComputeModes
-from dra_driver.enforce.edits import claim_edits
 from dra_driver.enforce.janitor import SoftLimitJanitor
 from dra_driver.enforce.ledger import Applied, Ledger
-from dra_driver.enforce.names import dedicated_server_name, mib, namespace_name
-from dra_driver.enforce.objects import EFFECT_ERRORS, MpsObjects
-from dra_driver.enforce.targets import (
+from dra_driver.enforce.mps import removal
+from dra_driver.enforce.mps.computemode import ComputeModes
+from dra_driver.enforce.mps.objects import EFFECT_ERRORS, MpsObjects
+from dra_driver.enforce.rules.base import MpsError, disk_problem
+from dra_driver.enforce.rules.edits import claim_edits
+from dra_driver.enforce.rules.names import dedicated_server_name, mib, namespace_name
+from dra_driver.enforce.rules.targets import (
     FractionTarget,
     MpsOptions,
     check_mode_conflicts,

@@ -2,12 +2,11 @@
 
 It runs no command. Its edits come from the same pure functions the real
 :class:`~dra_driver.enforce.MpsEnforcer` uses
-(:func:`~dra_driver.enforce.targets.targets_for_claim`,
-:func:`~dra_driver.enforce.edits.claim_edits`), with each namespace's pipe directory at the path
-MPS v3 lays it out (:func:`~dra_driver.enforce.edits.namespace_pipe_dir`). So a simulated node
-refuses what a real one refuses (e.g. a multi-GPU claim with mixed limits) and hands out the
-real shape: the pipe mount, the memory env and, on ``hard`` GPUs, the memory-limit and record
-hooks.
+(:func:`~dra_driver.enforce.rules.targets.targets_for_claim`,
+:func:`~dra_driver.enforce.rules.edits.claim_edits`), with each namespace's pipe directory at the
+path MPS v3 lays it out (:func:`~dra_driver.enforce.rules.edits.namespace_pipe_dir`). So a simulated
+node refuses what a real one refuses (e.g. a multi-GPU claim with mixed limits) and hands out the
+real shape: the pipe mount, the memory env and, on ``hard`` GPUs, the memory-limit and record hooks.
 
 With ``make_dirs`` (a simulated node whose specs a real runtime reads) it also creates each
 claim's namespace pipe directory, which runc bind-mounts into the container, and removes it
@@ -22,10 +21,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dra_driver.enforce.base import MpsError, disk_problem
-from dra_driver.enforce.edits import CONTAINER_PIPE_DIR, claim_edits, namespace_pipe_dir
-from dra_driver.enforce.names import claim_uid_of, claim_uid_of_server
-from dra_driver.enforce.targets import (
+from dra_driver.enforce.rules.base import MpsError, disk_problem
+from dra_driver.enforce.rules.edits import CONTAINER_PIPE_DIR, claim_edits, namespace_pipe_dir
+from dra_driver.enforce.rules.names import claim_uid_of, claim_uid_of_server
+from dra_driver.enforce.rules.targets import (
     FractionTarget,
     MpsOptions,
     check_mode_conflicts,
@@ -96,7 +95,8 @@ class RecordingEnforcer:
         """Create the targets' pipe directories (with ``make_dirs``).
 
         Raises:
-            MpsError: a directory cannot be made (:func:`~dra_driver.enforce.base.disk_problem`).
+            MpsError: a directory cannot be made
+                (:func:`~dra_driver.enforce.rules.base.disk_problem`).
         """
         if self.make_dirs:
             try:

@@ -7,17 +7,17 @@ from collections.abc import Sequence
 
 import structlog
 
-from dra_driver.enforce import removal
-from dra_driver.enforce.base import MpsError
-from dra_driver.enforce.control import MpsCommandError
 from dra_driver.enforce.lifecycle import ClaimLifecycle
-from dra_driver.enforce.names import (
+from dra_driver.enforce.mps import removal
+from dra_driver.enforce.mps.control import MpsCommandError
+from dra_driver.enforce.mps.objects import MpsObjects
+from dra_driver.enforce.rules.base import MpsError
+from dra_driver.enforce.rules.names import (
     DEDICATED_PREFIX,
     SERVER_PREFIX,
     claim_uid_of,
     claim_uid_of_server,
 )
-from dra_driver.enforce.objects import MpsObjects
 from dra_driver.model.plans import ClaimPlan
 
 log = structlog.get_logger(__name__)

@@ -28,18 +28,17 @@ last branch, so it is ``cooperative``).
 from __future__ import annotations
 
 import re
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
-from dra_driver.enforce.hooks import CTK_HOOK_PATH
-from dra_driver.enforce.names import CONTROL_BINARY
+from dra_driver.enforce.mps.control import probe_mps
+from dra_driver.enforce.rules.hooks import CTK_HOOK_PATH
+from dra_driver.enforce.rules.names import CONTROL_BINARY
 from dra_driver.gpus import Gpu, Inventory, pre_volta_reason
 from dra_driver.infra.runner import Runner, SubprocessRunner
-from dra_driver.model.commands import RC_NOT_EXECUTABLE, RC_NOT_FOUND
 from dra_driver.model.vocabulary import Tier
 
 log = structlog.get_logger(__name__)
@@ -140,29 +139,6 @@ def decide_tier(facts: GpuFacts) -> TierDecision:
     if missing:
         return TierDecision(Tier.COOPERATIVE, tuple(missing))
     return TierDecision(Tier.HARD)
-
-
-def probe_mps(runner: Runner, binary: str = CONTROL_BINARY) -> str:
-    """``v3`` when ``<binary> -p 3 -h`` lists the ``namespace`` module, ``v2`` when the program
-    runs without it, ``absent`` when it cannot be run.
-
-    The probe points ``CUDA_MPS_PIPE_DIRECTORY`` at an empty private directory so that it never
-    talks to a running daemon (a running daemon imposes its own protocol: NVIDIA MPS docs,
-    "MPS v3 Interface").
-    """
-    with tempfile.TemporaryDirectory(prefix="mps-probe-") as tmp:
-        env = {
-            "CUDA_MPS_PROTOCOL_VERSION": "3",
-            "CUDA_MPS_PIPE_DIRECTORY": tmp,
-            "CUDA_MPS_LOG_DIRECTORY": tmp,
-        }
-        done = runner.run([binary, "-p", "3", "-h"], env=env, timeout=10)
-    if done.rc in (RC_NOT_FOUND, RC_NOT_EXECUTABLE):
-        return "absent"
-    text = f"{done.stdout}\n{done.stderr}"
-    if re.search(r"\bnamespace\b", text) and re.search(r"\bserver\b", text):
-        return "v3"
-    return "v2" if text.strip() else "absent"
 
 
 def gather_node_facts(

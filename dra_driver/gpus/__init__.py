@@ -1,4 +1,4 @@
-"""Layer 3, gpus: the node's GPU inventory from two sources (NVML and simulated) and a simulated
+"""gpus: the node's GPU inventory from two sources (NVML and simulated) and a simulated
 node's device nodes and hook.
 May import: model, infra."""
 

@@ -1,3 +1,3 @@
-"""Layer 7, kubelet: the kubelet-facing gRPC services (registration, DRA v1/v1beta1, resource
+"""kubelet: the kubelet-facing gRPC services (registration, DRA v1/v1beta1, resource
 health) over unix sockets.
-May import: model, infra, config, gpus, publish, enforce, prepare, and the generated _proto."""
+May import: model, infra, prepare, and the generated _proto."""

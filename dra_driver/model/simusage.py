@@ -4,7 +4,7 @@ On a simulated node a tenant produces usage (``tenant-probe --use-memory 2Gi --u
 it tells its emulated MPS server ``USE <bytes> <percent>``, the server holds it to its
 namespace's limits as MPS would (:func:`grant`) and writes what every client of it uses to
 ``<server dir>/usage.json`` (:data:`USAGE_FILE`, :func:`render`); the simulated NVML
-(:mod:`dra_driver.enforce.simnvml`) reads those files (:func:`parse`) and answers
+(:mod:`dra_driver.enforce.mps.simnvml`) reads those files (:func:`parse`) and answers
 ``nvmlDeviceGetMPSComputeRunningProcesses_v3``, ``nvmlDeviceGetProcessUtilization`` and the
 per-cgroup ``currentUsed`` from them. Nothing here exists on a GPU node.
 

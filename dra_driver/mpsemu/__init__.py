@@ -1,6 +1,6 @@
-"""Simulation layer, mpsemu: an emulator of NVIDIA MPS for nodes without GPUs (run as
+"""mpsemu (simulation): an emulator of NVIDIA MPS for nodes without GPUs (run as
 ``nvidia-cuda-mps-control`` and ``nvidia-cuda-mps-server``), and the tenant probe.
-May import: model, infra.
+May import: model.
 
 The control daemon's semantics are one state machine (:mod:`.state`, records in :mod:`.model`),
 shared by the in-process test fake (``tests/support/fakes/mps_control.py``, plain files) and

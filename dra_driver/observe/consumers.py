@@ -1,7 +1,7 @@
 """A claim's consumers, made visible: the containers that use a prepared claim on an MPS GPU.
 
 Prepare cannot see containers. The consumer gate
-(:func:`dra_driver.enforce.hooks.consumer_gate_hook`) that every MPS device's CDI spec carries
+(:func:`dra_driver.enforce.rules.hooks.consumer_gate_hook`) that every MPS device's CDI spec carries
 admits at most ``maxConsumers`` running containers of a claim and writes, for each one it
 admits, ``<root>/users/<claim-uid>/<device-key>/<container-id>``: ``<uid> <pid> <start-ticks>
 <namespace>/<pod>/<container>``. :class:`ConsumerWatch` reads those records for the prepared

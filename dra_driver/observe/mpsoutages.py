@@ -1,7 +1,7 @@
 """MPS outages, made visible: an event on the claim's pods, a claim condition and a metric.
 
 When the MPS health check finds a prepared claim cut off its server or namespace
-(:mod:`dra_driver.enforce.outages`: the server process was replaced, or the namespace
+(:mod:`dra_driver.enforce.rules.outages`: the server process was replaced, or the namespace
 re-created), the driver has already re-created them with the claim's limits, but the claim's
 running CUDA processes lost their connection and do not reconnect: their containers must be
 restarted. :class:`MpsOutageReport` receives those outages (:meth:`MpsOutageReport.report`,
@@ -32,7 +32,7 @@ from typing import Protocol
 import structlog
 
 from dra_driver.enforce.clientguard import ClientsTerminated
-from dra_driver.enforce.outages import SERVER_RESTARTED, MpsOutage
+from dra_driver.enforce.rules.outages import SERVER_RESTARTED, MpsOutage
 from dra_driver.infra.metrics import Metrics
 from dra_driver.model.plans import ClaimPlan, ClaimRef
 from dra_driver.model.textlimits import shorten

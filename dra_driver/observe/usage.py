@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from dra_driver.enforce.enforcer import MpsEnforcer
-from dra_driver.enforce.nvmlcontrol import NvmlError, NvmlFacade
+from dra_driver.enforce.mps.nvmlcontrol import NvmlError, NvmlFacade
 from dra_driver.infra import budget
 from dra_driver.infra.budget import SCRAPE_BUDGET_S, Budget
 from dra_driver.model.plans import ClaimPlan

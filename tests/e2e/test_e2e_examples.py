@@ -30,7 +30,7 @@ from plugin_fixtures import (  # noqa: E402
     wait_quota_enforced,
 )
 
-from dra_driver.enforce.names import memory_arg, parse_memory  # noqa: E402
+from dra_driver.enforce.rules.names import memory_arg, parse_memory  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 pytest_plugins = ["plugin_fixtures"]

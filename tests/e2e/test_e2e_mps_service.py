@@ -52,9 +52,9 @@ from plugin_fixtures import (  # noqa: E402
     wait_for,
 )
 
-from dra_driver.enforce.control import MpsControl  # noqa: E402
-from dra_driver.enforce.names import namespace_name  # noqa: E402
-from dra_driver.enforce.rows import ServerRow  # noqa: E402
+from dra_driver.enforce.mps.control import MpsControl  # noqa: E402
+from dra_driver.enforce.rules.names import namespace_name  # noqa: E402
+from dra_driver.enforce.rules.rows import ServerRow  # noqa: E402
 from dra_driver.infra.runner import SubprocessRunner  # noqa: E402
 from dra_driver.mpsemu.paths import emulator_path  # noqa: E402
 

@@ -32,7 +32,7 @@ from plugin_fixtures import (  # noqa: E402
     wait_for,
 )
 
-from dra_driver.enforce.names import namespace_name  # noqa: E402
+from dra_driver.enforce.rules.names import namespace_name  # noqa: E402
 from dra_driver.model.plans import ClaimRef  # noqa: E402
 from dra_driver.prepare.checkpoint import Checkpoint, read_boot_id  # noqa: E402
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.enforce.control import MpsCommandError
-from dra_driver.enforce.daemon import MpsDaemon
+from dra_driver.enforce.mps.control import MpsCommandError
+from dra_driver.enforce.mps.daemon import MpsDaemon
 from dra_driver.infra.runner import SubprocessRunner
 from dra_driver.mpsemu.paths import emulator_path, python_program
 from tests.support.mpsemu import Probe, alive, private_root, wait_for

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.enforce.base import ClientTermination
 from dra_driver.enforce.enforcer import MpsEnforcer, MpsOptions
-from dra_driver.enforce.simnvml import SimulatedNvml
+from dra_driver.enforce.mps.simnvml import SimulatedNvml
+from dra_driver.enforce.rules.base import ClientTermination
 from dra_driver.infra.runner import SubprocessRunner
 from dra_driver.model.gpu import Gpu
 from dra_driver.model.plans import ClaimRef

@@ -22,9 +22,9 @@ import pytest
 
 from dra_driver.enforce import MpsError
 from dra_driver.enforce.enforcer import MpsEnforcer, MpsOptions
-from dra_driver.enforce.outages import SERVER_RESTARTED, MpsOutage
-from dra_driver.enforce.readiness import read_state, state_path
-from dra_driver.enforce.simnvml import SimulatedNvml
+from dra_driver.enforce.mps.simnvml import SimulatedNvml
+from dra_driver.enforce.mpsservice.readiness import read_state, state_path
+from dra_driver.enforce.rules.outages import SERVER_RESTARTED, MpsOutage
 from dra_driver.gpus import SimulatedGpuSource
 from dra_driver.infra.runner import SubprocessRunner
 from dra_driver.model.plans import ClaimPlan
@@ -120,7 +120,7 @@ def test_the_service_outlives_its_client_and_its_daemons(root: Path) -> None:
     assert after["daemons"]["time-slicing"]["restarts"] == 1  # type: ignore[index]
     wait_for("the claim re-applied", lambda: plugin.check_health()[gpu0.uuid].healthy, 20)
     # the tenant keeps retrying, and may attach between the re-apply's namespace create and
-    # its limits: the enforcer ends such a connection (enforce/objects.py, first_limits), and
+    # its limits: the enforcer ends such a connection (enforce/mps/objects.py, first_limits), and
     # the tenant attaches again under the limits; wait for that one
     again = tenant.wait_line(
         lambda f: (

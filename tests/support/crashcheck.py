@@ -12,8 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.enforce.edits import CONTAINER_PIPE_DIR
-from dra_driver.enforce.names import DEDICATED_NAMESPACE, dedicated_server_name, namespace_name
+from dra_driver.enforce.rules.edits import CONTAINER_PIPE_DIR
+from dra_driver.enforce.rules.names import (
+    DEDICATED_NAMESPACE,
+    dedicated_server_name,
+    namespace_name,
+)
 
 PREPARED = "prepared"
 ABSENT = "absent"

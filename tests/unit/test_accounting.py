@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dra_driver.enforce.nvmlcontrol import UNLIMITED, CgroupMemory, MpsProcess
+from dra_driver.enforce.mps.nvmlcontrol import UNLIMITED, CgroupMemory, MpsProcess
 from dra_driver.infra.metrics import Metrics
 from dra_driver.model.plans import ClaimPlan
 from dra_driver.observe.accounting import (

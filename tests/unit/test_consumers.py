@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import structlog
 
-from dra_driver.enforce.hooks import consumer_gate_hook
+from dra_driver.enforce.rules.hooks import consumer_gate_hook
 from dra_driver.gpus import SimulatedGpuSource
 from dra_driver.model.plans import ClaimPlan, DevicePlan
 from dra_driver.model.vocabulary import Tier

@@ -27,7 +27,7 @@ def loaded(code: str) -> set[str]:
     [
         "import dra_driver.app.cli",
         "from dra_driver.app.args import build_parser; build_parser().parse_args(['mps-service'])",
-        "import dra_driver.enforce.service",
+        "import dra_driver.enforce.mpsservice.service",
     ],
 )
 def test_the_command_line_and_the_mps_service_load_no_client_library(code: str) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.enforce.outages import NAMESPACE_RECREATED, SERVER_RESTARTED, MpsOutage
+from dra_driver.enforce.rules.outages import NAMESPACE_RECREATED, SERVER_RESTARTED, MpsOutage
 from dra_driver.gpus import SimulatedGpuSource
 from dra_driver.infra.metrics import Metrics
 from dra_driver.model.plans import ClaimPlan, ClaimRef, DevicePlan

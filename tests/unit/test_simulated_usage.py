@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.enforce.nvmlcontrol import MpsProcess
-from dra_driver.enforce.simnvml import SimulatedNvml, cgroup_within
+from dra_driver.enforce.mps.nvmlcontrol import MpsProcess
+from dra_driver.enforce.mps.simnvml import SimulatedNvml, cgroup_within
 from dra_driver.model import simusage
 from dra_driver.mpsemu.probe import quantity_bytes
 

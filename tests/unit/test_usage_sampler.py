@@ -15,7 +15,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from dra_driver.app.args import build_parser
-from dra_driver.enforce.nvmlcontrol import NvmlError, PynvmlFacade
+from dra_driver.enforce.mps.nvmlcontrol import NvmlError, PynvmlFacade
 from dra_driver.infra.metrics import Metrics
 from dra_driver.model.plans import ClaimPlan
 from dra_driver.observe.accounting import (

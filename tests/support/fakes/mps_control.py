@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dra_driver.enforce.nvmlcontrol import UNLIMITED, CgroupMemory, MpsProcess, NvmlError
+from dra_driver.enforce.mps.nvmlcontrol import UNLIMITED, CgroupMemory, MpsProcess, NvmlError
 from dra_driver.model.commands import Completed
 from dra_driver.mpsemu.grammar import DEFAULT_PIPE, PROGRAM, parse_invocation
 from dra_driver.mpsemu.model import (
@@ -251,7 +251,7 @@ class FakeGpuState:
 
 
 class FakeNvml:
-    """A fake :class:`~dra_driver.enforce.nvmlcontrol.NvmlFacade` with per-cgroup limits.
+    """A fake :class:`~dra_driver.enforce.mps.nvmlcontrol.NvmlFacade` with per-cgroup limits.
 
     Args:
         gpus: UUID -> total memory in bytes.

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dra_driver.enforce.recording import RecordingEnforcer
-from dra_driver.enforce.targets import MpsOptions
+from dra_driver.enforce.rules.targets import MpsOptions
 from dra_driver.gpus import open_source, simnode
 from tests.support.fakes.plans import GIB, Node, device, plan
 

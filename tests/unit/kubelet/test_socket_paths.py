@@ -14,8 +14,8 @@ import pytest
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.app.sockets import SUN_PATH_MAX, check_socket_paths, socket_paths
-from dra_driver.enforce.edits import namespace_pipe_dir
-from dra_driver.enforce.targets import MpsOptions, targets_for_claim
+from dra_driver.enforce.rules.edits import namespace_pipe_dir
+from dra_driver.enforce.rules.targets import MpsOptions, targets_for_claim
 from dra_driver.kubelet.server import SocketPaths
 from tests.support.fakes.plans import GIB, device, gpu, plan
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dra_driver.enforce.clientcap import (
+from dra_driver.enforce.rules.clientcap import (
     CLIENT_TABLE_SIZE,
     CapGroup,
     cap_groups,
@@ -21,8 +21,8 @@ from dra_driver.enforce.clientcap import (
     over_cap,
     plan_terminations,
 )
-from dra_driver.enforce.rows import ClientRow
-from dra_driver.enforce.targets import targets_for_claim
+from dra_driver.enforce.rules.rows import ClientRow
+from dra_driver.enforce.rules.targets import targets_for_claim
 from dra_driver.model.devices import portion_bytes
 from dra_driver.model.gpu import MIB
 from dra_driver.model.plans import ClaimRef

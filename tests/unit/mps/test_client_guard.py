@@ -13,7 +13,7 @@ from structlog.testing import capture_logs
 
 from dra_driver.app.nodestate import check_clients, police_clients
 from dra_driver.enforce import MpsEnforcer, RecordingEnforcer
-from dra_driver.enforce.base import ClientTermination
+from dra_driver.enforce.rules.base import ClientTermination
 from dra_driver.infra import budget
 from dra_driver.infra.budget import Budget
 from dra_driver.infra.metrics import Metrics

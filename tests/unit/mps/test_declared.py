@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from dra_driver.enforce.daemon import MpsDaemon, config_toml
-from dra_driver.enforce.declared import DeclaredError, claims_toml, merged_config
+from dra_driver.enforce.mps.daemon import MpsDaemon, config_toml
+from dra_driver.enforce.rules.declared import DeclaredError, claims_toml, merged_config
 from dra_driver.infra.runner import SubprocessRunner
 from dra_driver.mpsemu.config import check_declared, declared_servers
 from tests.support.fakes.plans import GIB, Node, device, plan

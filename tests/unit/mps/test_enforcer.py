@@ -13,7 +13,7 @@ from structlog.testing import capture_logs
 
 from dra_driver.enforce import MpsError, MpsOptions
 from dra_driver.enforce.enforcer import MpsEnforcer, target_edits, targets_for_claim
-from dra_driver.enforce.objects import RECENT_S
+from dra_driver.enforce.mps.objects import RECENT_S
 from dra_driver.model import cdi
 from dra_driver.model.cdi import Hook, Mount
 from tests.support.cdischema import validator

@@ -10,9 +10,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from dra_driver.enforce import MpsError
-from dra_driver.enforce.edits import PIPE_MOUNT_OPTIONS
-from dra_driver.enforce.names import claim_uid_of_server, dedicated_server_name
-from dra_driver.enforce.nvmlcontrol import MpsProcess
+from dra_driver.enforce.mps.nvmlcontrol import MpsProcess
+from dra_driver.enforce.rules.edits import PIPE_MOUNT_OPTIONS
+from dra_driver.enforce.rules.names import claim_uid_of_server, dedicated_server_name
 from dra_driver.model.cdi import Hook, Mount
 from dra_driver.model.plans import ClaimPlan
 from dra_driver.observe.usage import MpsUsageSource

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from structlog.testing import capture_logs
 
-from dra_driver.enforce.outages import (
+from dra_driver.enforce.rules.outages import (
     NAMESPACE_RECREATED,
     SERVER_RESTARTED,
     MpsOutage,

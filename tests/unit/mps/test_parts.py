@@ -13,19 +13,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dra_driver.enforce import MpsError
-from dra_driver.enforce.control import MpsControl
-from dra_driver.enforce.daemon import MpsDaemon, config_toml
-from dra_driver.enforce.hooks import consumer_gate_hook
 from dra_driver.enforce.janitor import SoftLimitJanitor
-from dra_driver.enforce.names import (
+from dra_driver.enforce.mps.control import MpsControl
+from dra_driver.enforce.mps.daemon import MpsDaemon, config_toml
+from dra_driver.enforce.mps.nvmlcontrol import UNLIMITED, CgroupMemory
+from dra_driver.enforce.rules.hooks import consumer_gate_hook
+from dra_driver.enforce.rules.names import (
     claim_uid_of,
     memory_arg,
     namespace_name,
     parse_memory,
     server_name,
 )
-from dra_driver.enforce.nvmlcontrol import UNLIMITED, CgroupMemory
-from dra_driver.enforce.rows import parse_clients, parse_namespaces, parse_servers
+from dra_driver.enforce.rules.rows import parse_clients, parse_namespaces, parse_servers
 from dra_driver.gpus import MIB
 from dra_driver.infra.runner import SubprocessRunner
 from tests.support.fakes.mps_control import FakeMpsControl, FakeNvml

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dra_driver.enforce import MpsError, RecordingEnforcer
-from dra_driver.enforce.edits import PIPE_MOUNT_OPTIONS
+from dra_driver.enforce.rules.edits import PIPE_MOUNT_OPTIONS
 from dra_driver.model.cdi import Mount
 from dra_driver.model.plans import ClaimPlan
 from tests.support.fakes.plans import GIB, H200_MIB, Node, device, plan

@@ -20,7 +20,7 @@ from dra_driver._proto import dra_v1_pb2
 from dra_driver.config.load import parse_node_config
 from dra_driver.config.params import PARAMS_API_VERSION, PARAMS_KIND
 from dra_driver.enforce import RecordingEnforcer
-from dra_driver.enforce.targets import MpsOptions
+from dra_driver.enforce.rules.targets import MpsOptions
 from tests.support import claimfactory as cf
 from tests.support.kubelet import Kubelet, serving
 from tests.support.node import MIXED_CONFIG, NODE, Node, make_node

@@ -20,7 +20,7 @@ from dra_driver import DEFAULT_DRIVER_NAME as DRIVER
 from dra_driver.config.caps import CapPolicy, memory_ceiling_cap
 from dra_driver.config.load import parse_node_config
 from dra_driver.config.params import ClaimLimits
-from dra_driver.enforce.targets import targets_for_claim
+from dra_driver.enforce.rules.targets import targets_for_claim
 from dra_driver.gpus import MIB, SimulatedGpuSource
 from dra_driver.model.devices import PublishedDevice, product_memory_bytes
 from dra_driver.model.errors import PrepareError

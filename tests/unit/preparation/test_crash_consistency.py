@@ -19,7 +19,7 @@ from unittest import mock
 import pytest
 
 from dra_driver.enforce import MpsOptions, RecordingEnforcer
-from dra_driver.enforce.names import namespace_name
+from dra_driver.enforce.rules.names import namespace_name
 from dra_driver.model.plans import ClaimRef
 from dra_driver.prepare.preparation import ClaimPreparation
 from tests.support import claimfactory as cf

@@ -13,12 +13,14 @@ a call one timeout and fails only the claims that need it.
 
 from __future__ import annotations
 
+import re
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from dra_driver.enforce.base import MpsError
-from dra_driver.enforce.names import CONTROL_BINARY
-from dra_driver.enforce.rows import (
+from dra_driver.enforce.rules.base import MpsError
+from dra_driver.enforce.rules.names import CONTROL_BINARY
+from dra_driver.enforce.rules.rows import (
     ClientRow,
     NamespaceRow,
     ServerRow,
@@ -28,7 +30,7 @@ from dra_driver.enforce.rows import (
 )
 from dra_driver.infra import budget
 from dra_driver.infra.runner import Runner
-from dra_driver.model.commands import RC_TIMEOUT, Completed
+from dra_driver.model.commands import RC_NOT_EXECUTABLE, RC_NOT_FOUND, RC_TIMEOUT, Completed
 
 CSV = "--format=csv,noheader"
 """Machine-readable output of list verbs (MPS v3 Interface: ``--format``)."""
@@ -211,3 +213,26 @@ class MpsControl:
     def client_terminate(self, pid: int) -> None:
         """``client terminate <pid>`` (the client then sees CUDA_ERROR_MPS_CLIENT_TERMINATED)."""
         self.run("client", "terminate", str(pid))
+
+
+def probe_mps(runner: Runner, binary: str = CONTROL_BINARY) -> str:
+    """``v3`` when ``<binary> -p 3 -h`` lists the ``namespace`` module, ``v2`` when the program
+    runs without it, ``absent`` when it cannot be run.
+
+    The probe points ``CUDA_MPS_PIPE_DIRECTORY`` at an empty private directory so that it never
+    talks to a running daemon (a running daemon imposes its own protocol: NVIDIA MPS docs,
+    "MPS v3 Interface").
+    """
+    with tempfile.TemporaryDirectory(prefix="mps-probe-") as tmp:
+        env = {
+            "CUDA_MPS_PROTOCOL_VERSION": "3",
+            "CUDA_MPS_PIPE_DIRECTORY": tmp,
+            "CUDA_MPS_LOG_DIRECTORY": tmp,
+        }
+        done = runner.run([binary, "-p", "3", "-h"], env=env, timeout=10)
+    if done.rc in (RC_NOT_FOUND, RC_NOT_EXECUTABLE):
+        return "absent"
+    text = f"{done.stdout}\n{done.stderr}"
+    if re.search(r"\bnamespace\b", text) and re.search(r"\bserver\b", text):
+        return "v3"
+    return "v2" if text.strip() else "absent"

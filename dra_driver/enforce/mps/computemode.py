@@ -9,7 +9,7 @@ from pathlib import Path
 
 import structlog
 
-from dra_driver.enforce.nvmlcontrol import NvmlError, NvmlFacade
+from dra_driver.enforce.mps.nvmlcontrol import NvmlError, NvmlFacade
 from dra_driver.gpus import Gpu
 from dra_driver.infra.atomicfile import private_dir
 

@@ -31,12 +31,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dra_driver.enforce.base import MpsError
-from dra_driver.enforce.hooks import (
+from dra_driver.enforce.rules.base import MpsError
+from dra_driver.enforce.rules.hooks import (
     CTK_HOOK_PATH,
     RECORD_SHELL,
 )
-from dra_driver.enforce.names import (
+from dra_driver.enforce.rules.names import (
     CONTROL_BINARY,
     DEDICATED_NAMESPACE,
     dedicated_server_name,
@@ -46,7 +46,7 @@ from dra_driver.enforce.names import (
     parse_memory,
     server_name,
 )
-from dra_driver.enforce.rows import NamespaceRow
+from dra_driver.enforce.rules.rows import NamespaceRow
 from dra_driver.model.gpu import MIB, Gpu
 from dra_driver.model.plans import ClaimPlan, ClaimRef
 from dra_driver.model.vocabulary import COMPUTE_MODES, TIERS, ComputeMode, Tier
@@ -143,7 +143,7 @@ class FractionTarget:
             the ceiling (:attr:`consumer_request_mib`, :attr:`consumer_limit_mib`).
         device_bytes: (request, ceiling) in bytes of each device in :attr:`device_keys`, in
             the same order: what a container that gets that device alone may hold
-            (:func:`dra_driver.enforce.edits.device_consumer_mib`); empty: the target's.
+            (:func:`dra_driver.enforce.rules.edits.device_consumer_mib`); empty: the target's.
     """
 
     claim: ClaimRef

@@ -16,7 +16,7 @@ the ``-a`` file it writes before each daemon start.
 Only keys of the Release 615 page: per server ``allowed_devices`` (the GPU UUIDs, as ``server
 create --allowed-devices``) and ``uid = 0`` (multi-user mode); per namespace
 ``pinned_memory_limit`` (whole MiB, ``"4096M"``) and ``active_thread_percentage`` (``"50"``),
-the values the enforcer's ``namespace set`` gives (:mod:`dra_driver.enforce.names`).
+the values the enforcer's ``namespace set`` gives (:mod:`dra_driver.enforce.rules.names`).
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ import json
 import tomllib
 from collections.abc import Iterable
 
-from dra_driver.enforce.names import (
+from dra_driver.enforce.rules.names import (
     DEFAULT_NAMESPACE_LIMIT,
     DEFAULT_NAMESPACE_THREADS,
     memory_arg,
 )
-from dra_driver.enforce.targets import FractionTarget
+from dra_driver.enforce.rules.targets import FractionTarget
 from dra_driver.model.errors import DriverError
 
 CLAIMS_FILE = "claims.toml"
@@ -65,7 +65,7 @@ def claims_toml(targets: Iterable[FractionTarget]) -> str:
         ...
 
     Raises:
-        MpsError: a limit below 1 MiB (as :func:`~dra_driver.enforce.names.memory_arg`).
+        MpsError: a limit below 1 MiB (as :func:`~dra_driver.enforce.rules.names.memory_arg`).
     """
     servers: dict[str, tuple[str, dict[str, FractionTarget]]] = {}
     for t in targets:
@@ -92,7 +92,7 @@ def claims_toml(targets: Iterable[FractionTarget]) -> str:
 
 
 def merged_config(base: str, claims: str) -> str:
-    """The daemon's ``-a`` file: ``base`` (:func:`~dra_driver.enforce.daemon.config_toml`) with
+    """The daemon's ``-a`` file: ``base`` (:func:`~dra_driver.enforce.mps.daemon.config_toml`) with
     the claims' part (:func:`claims_toml`, as read from :data:`CLAIMS_FILE`) appended.
 
     Raises:

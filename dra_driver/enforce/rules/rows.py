@@ -6,8 +6,8 @@ from __future__ import annotations
 import csv
 from dataclasses import dataclass
 
-from dra_driver.enforce.base import MpsError
-from dra_driver.enforce.names import parse_memory
+from dra_driver.enforce.rules.base import MpsError
+from dra_driver.enforce.rules.names import parse_memory
 
 
 @dataclass(frozen=True)

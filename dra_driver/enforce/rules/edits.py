@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from dra_driver.enforce.hooks import (
+from dra_driver.enforce.rules.hooks import (
     consumer_gate_hook,
     memory_env,
     memory_limit_hook,
 )
-from dra_driver.enforce.names import daemon_pipe_dir, mib
-from dra_driver.enforce.targets import FractionTarget, MpsOptions
+from dra_driver.enforce.rules.names import daemon_pipe_dir, mib
+from dra_driver.enforce.rules.targets import FractionTarget, MpsOptions
 from dra_driver.model.cdi import ContainerEdits, Mount
 from dra_driver.model.vocabulary import ComputeMode, Tier
 

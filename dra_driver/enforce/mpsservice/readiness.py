@@ -1,13 +1,13 @@
 """The MPS node service's readiness file: which control daemons it runs, since when, with which
 protocol, and a generation that grows with every daemon (re)start.
 
-The service (:mod:`dra_driver.enforce.service`) writes ``<root>/mps/service.json`` atomically
-whenever a daemon starts, restarts or stops; the kubelet plugin, its client, reads it before it
-sends a daemon any command and in every health check. A daemon counts as ready only while the
-file says so **and** its process is alive (the file stays behind when the service's pod is
-killed): ``/proc/<pid>/stat``'s start time must still be the one recorded, so a reused PID is
-not mistaken for the daemon. Both run with the host's PID namespace (``hostPID``), so the PIDs
-are the same for both.
+The service (:mod:`dra_driver.enforce.mpsservice.service`) writes ``<root>/mps/service.json``
+atomically whenever a daemon starts, restarts or stops; the kubelet plugin, its client, reads it
+before it sends a daemon any command and in every health check. A daemon counts as ready only while
+the file says so **and** its process is alive (the file stays behind when the service's pod is
+killed): ``/proc/<pid>/stat``'s start time must still be the one recorded, so a reused PID is not
+mistaken for the daemon. Both run with the host's PID namespace (``hostPID``), so the PIDs are the
+same for both.
 
 Format (JSON, version 1)::
 
@@ -19,7 +19,8 @@ Format (JSON, version 1)::
      "stopping": false}
 
 ``protocol`` is what the node's ``nvidia-cuda-mps-control`` offers (``v3``, ``v2`` or
-``absent``, :func:`dra_driver.enforce.tiers.probe_mps`); ``daemons`` lists only running daemons.
+``absent``, :func:`dra_driver.enforce.mps.control.probe_mps`); ``daemons`` lists only running
+daemons.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from dra_driver.enforce.rows import ClientRow
-from dra_driver.enforce.targets import FractionTarget
+from dra_driver.enforce.rules.rows import ClientRow
+from dra_driver.enforce.rules.targets import FractionTarget
 from dra_driver.model.gpu import MIB
 from dra_driver.model.plans import ClaimRef
 

@@ -13,7 +13,7 @@ The enforcer runs one daemon per compute mode that has claims on the node (so at
 The TOML is applied once at start-up (NVIDIA MPS docs, "MPS v3 Configuration File"), hence
 one daemon per mode rather than one per node. Both have ``memacct`` on (the default). Every
 start appends the prepared claims' servers and namespaces, which the enforcer keeps in
-``<root>/<mode>/claims.toml`` (:mod:`dra_driver.enforce.declared`), so that a restarted daemon
+``<root>/<mode>/claims.toml`` (:mod:`dra_driver.enforce.rules.declared`), so that a restarted daemon
 serves them with their limits from its start.
 Directories: ``<root>/<mode>/pipe`` (the ``CUDA_MPS_PIPE_DIRECTORY``; node-local, as it holds
 the sockets) and ``<root>/<mode>/log``.
@@ -28,13 +28,17 @@ from pathlib import Path
 
 import structlog
 
-from dra_driver.enforce.base import MpsError
-from dra_driver.enforce.control import MpsCommandError, MpsControl, MpsTimeout
-from dra_driver.enforce.declared import CLAIMS_FILE, DeclaredError, claims_toml, merged_config
-from dra_driver.enforce.names import CONTROL_BINARY, CONTROL_SOCKET, PIPE_DIR_MODE, daemon_pipe_dir
-from dra_driver.enforce.readiness import ReadinessError, read_state, state_path
-from dra_driver.enforce.rows import ServerRow
-from dra_driver.enforce.targets import FractionTarget
+from dra_driver.enforce.mps.control import MpsCommandError, MpsControl, MpsTimeout
+from dra_driver.enforce.rules.base import MpsError
+from dra_driver.enforce.rules.declared import CLAIMS_FILE, DeclaredError, claims_toml, merged_config
+from dra_driver.enforce.rules.names import (
+    CONTROL_BINARY,
+    CONTROL_SOCKET,
+    PIPE_DIR_MODE,
+    daemon_pipe_dir,
+)
+from dra_driver.enforce.rules.rows import ServerRow
+from dra_driver.enforce.rules.targets import FractionTarget
 from dra_driver.infra import budget
 from dra_driver.infra.atomicfile import owner_only, private_dir, write_atomic
 from dra_driver.infra.runner import Runner
@@ -285,61 +289,3 @@ class MpsDaemon:
         except OSError:
             return ""
         return " | ".join(text.strip().splitlines()[-lines:])
-
-
-class ServiceDaemon(MpsDaemon):
-    """A control daemon the MPS node service runs (:mod:`dra_driver.enforce.service`): the plugin is
-    its client only. It never starts or stops the daemon; :meth:`ensure_running` checks that the
-    service says the daemon is ready (:mod:`dra_driver.enforce.readiness`) and that it answers.
-
-    Args: as :class:`MpsDaemon`.
-    """
-
-    @property
-    def state_file(self) -> Path:
-        """The service's readiness file (``<root>/service.json``)."""
-        return state_path(self.dir.parent)
-
-    def service_problem(self) -> str | None:
-        """Why the service cannot serve this daemon's mode now, or None."""
-        try:
-            state = read_state(self.state_file)
-        except ReadinessError as exc:
-            return f"no MPS service on this node ({exc})"
-        if not state.service_alive():
-            return f"the MPS service (pid {state.pid}) is not running"
-        return state.problem(self.mode)
-
-    def ensure_running(self) -> bool:
-        """Check that the service runs this mode's daemon and it answers; never starts one.
-
-        Raises:
-            MpsTimeout: the daemon runs but does not answer in time.
-            MpsError: the service is not ready (the message says why and names the DaemonSet
-                that runs it).
-        """
-        self.ensure_answering()
-        return False
-
-    def ensure_answering(self) -> list[ServerRow]:
-        """:meth:`ensure_running`, returning the ``server list`` that showed the daemon answers.
-
-        Raises:
-            MpsTimeout: the daemon runs but does not answer in time.
-            MpsError: the service is not ready (the message says why and names the DaemonSet
-                that runs it).
-        """
-        problem = self.service_problem()
-        rows = self._rows() if problem is None else None
-        if problem is None and rows is None:
-            problem = f"the {self.mode} control daemon does not answer at {self.pipe_dir}"
-        if problem is not None or rows is None:
-            raise MpsError(
-                f"MPS service not ready on this node: {problem}. The MPS node service (the "
-                "gpu-fraction-dra-mps DaemonSet, dra-driver mps-service) runs the control "
-                "daemons; claims that need MPS fail until it is back"
-            )
-        return rows
-
-    def stop(self, only_idle: bool = False) -> None:
-        """Nothing: the service owns the daemon (it keeps running for the next claims)."""

@@ -5,23 +5,23 @@ an eviction), and every MPS server it started with it: every tenant process on t
 its server. So the daemons belong to a component of their own, ``dra-driver mps-service``, run
 as its own DaemonSet whose pods are replaced only when an admin deletes them
 (``updateStrategy: OnDelete``). The plugin is its client through the pipe directories and never
-starts or kills a daemon (:class:`~dra_driver.enforce.daemon.ServiceDaemon`).
+starts or kills a daemon (:class:`~dra_driver.enforce.mpsservice.servicedaemon.ServiceDaemon`).
 
 The service:
 
 - probes what the node's ``nvidia-cuda-mps-control`` offers
-(:func:`dra_driver.enforce.tiers.probe_mps`);
+(:func:`dra_driver.enforce.mps.control.probe_mps`);
 - runs one control daemon per compute mode in the foreground (``-p 3 -m -f -a <toml>``, the
-  same directories and start-up TOML as :class:`~dra_driver.enforce.daemon.MpsDaemon`, written
+  same directories and start-up TOML as :class:`~dra_driver.enforce.mps.daemon.MpsDaemon`, written
   again at every start with the prepared claims' servers and namespaces that the plugin keeps in
-  ``<root>/mps/<mode>/claims.toml``, :mod:`dra_driver.enforce.declared`), each a child process
+  ``<root>/mps/<mode>/claims.toml``, :mod:`dra_driver.enforce.rules.declared`), each a child process
   whose stdin it holds open (EOF makes a foreground daemon quit);
 - supervises them: a daemon that exits is started again (back-off 1 s doubling to 30 s) and a
   daemon that stops answering ``server list`` for three checks in a row is killed and started
   again; every start raises the generation;
-- publishes its state in the readiness file (:mod:`dra_driver.enforce.readiness`) after every
-  change; on SIGTERM it marks itself stopping, closes the daemons' stdin (they quit with their
-  servers), kills what is left after 10 s and writes the file without daemons.
+- publishes its state in the readiness file (:mod:`dra_driver.enforce.mpsservice.readiness`)
+  after every change; on SIGTERM it marks itself stopping, closes the daemons' stdin (they quit
+  with their servers), kills what is left after 10 s and writes the file without daemons.
 """
 
 from __future__ import annotations
@@ -40,16 +40,16 @@ from typing import IO, Any
 
 import structlog
 
-from dra_driver.enforce.daemon import MpsDaemon
-from dra_driver.enforce.names import CONTROL_SOCKET, PIPE_DIR_MODE
-from dra_driver.enforce.readiness import (
+from dra_driver.enforce.mps.control import probe_mps
+from dra_driver.enforce.mps.daemon import MpsDaemon
+from dra_driver.enforce.mpsservice.readiness import (
     DaemonState,
     ServiceState,
     process_start_time,
     state_path,
     write_state,
 )
-from dra_driver.enforce.tiers import probe_mps
+from dra_driver.enforce.rules.names import CONTROL_SOCKET, PIPE_DIR_MODE
 from dra_driver.infra.atomicfile import owner_only, private_dir
 from dra_driver.infra.runner import Runner, SubprocessRunner
 from dra_driver.model.vocabulary import COMPUTE_MODES

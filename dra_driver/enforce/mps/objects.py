@@ -1,6 +1,6 @@
 """MPS objects on the node: control daemons, servers and namespaces. Ensuring them (servers
 created and verified for their GPUs, namespaces with their limits, drifted limits re-set);
-removing them is :mod:`dra_driver.enforce.removal`."""
+removing them is :mod:`dra_driver.enforce.mps.removal`."""
 
 from __future__ import annotations
 
@@ -11,12 +11,14 @@ from pathlib import Path
 
 import structlog
 
-from dra_driver.enforce.base import MpsError
-from dra_driver.enforce.computemode import ComputeModes
-from dra_driver.enforce.control import MpsCommandError, MpsControl, MpsTimeout
-from dra_driver.enforce.daemon import MpsDaemon
-from dra_driver.enforce.edits import namespace_pipe_dir
-from dra_driver.enforce.names import (
+from dra_driver.enforce.mps.computemode import ComputeModes
+from dra_driver.enforce.mps.control import MpsCommandError, MpsControl, MpsTimeout
+from dra_driver.enforce.mps.daemon import MpsDaemon
+from dra_driver.enforce.mps.nvmlcontrol import NvmlError, NvmlFacade
+from dra_driver.enforce.mps.removal import terminate_clients
+from dra_driver.enforce.rules.base import MpsError
+from dra_driver.enforce.rules.edits import namespace_pipe_dir
+from dra_driver.enforce.rules.names import (
     CONTROL_SOCKET,
     DEFAULT_NAMESPACE,
     DEFAULT_NAMESPACE_LIMIT,
@@ -24,11 +26,9 @@ from dra_driver.enforce.names import (
     PIPE_DIR_MODE,
     memory_arg,
 )
-from dra_driver.enforce.nvmlcontrol import NvmlError, NvmlFacade
-from dra_driver.enforce.outages import server_pid
-from dra_driver.enforce.removal import terminate_clients
-from dra_driver.enforce.rows import NamespaceRow, ServerRow
-from dra_driver.enforce.targets import FractionTarget, MpsOptions, gpus_text, namespace_drift
+from dra_driver.enforce.rules.outages import server_pid
+from dra_driver.enforce.rules.rows import NamespaceRow, ServerRow
+from dra_driver.enforce.rules.targets import FractionTarget, MpsOptions, gpus_text, namespace_drift
 from dra_driver.gpus import Gpu
 from dra_driver.infra.atomicfile import ensure_dir, owner_only, private_dir
 
@@ -361,7 +361,8 @@ def seal_server(daemon: MpsDaemon, name: str) -> None:
     attach through their namespace's socket below it, ``<server>/<namespace>/control`` (NVIDIA
     MPS docs, "MPS v3 Namespaces"). Its ``default`` namespace, which no claim uses, gets the
     smallest limits where the server is made (:data:`DEFAULT_NAMESPACE_LIMIT`: after ``server
-    create``, and in the declared servers of the ``-a`` file, :mod:`dra_driver.enforce.declared`),
+    create``, and in the declared servers of the ``-a`` file,
+    :mod:`dra_driver.enforce.rules.declared`),
     so a process that reaches it holds nothing worth having (KAI caps it at 10% for the same
     reason).
 

@@ -14,8 +14,8 @@ MPS enforcer run on a simulated node, against the MPS emulator (:mod:`dra_driver
   --use-sm``); a cgroup's ``currentUsed`` is the memory of the clients whose
   ``/proc/<pid>/cgroup`` is that cgroup or below it.
 
-Nothing here is real NVML: on a GPU node :class:`~dra_driver.enforce.nvmlcontrol.PynvmlFacade` is
-used.
+Nothing here is real NVML: on a GPU node
+:class:`~dra_driver.enforce.mps.nvmlcontrol.PynvmlFacade` is used.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from dra_driver.enforce.nvmlcontrol import (
+from dra_driver.enforce.mps.nvmlcontrol import (
     NVML_COMPUTE_MODES,
     UNLIMITED,
     CgroupMemory,
@@ -36,7 +36,8 @@ from dra_driver.model import simusage
 
 
 class SimulatedNvml:
-    """An :class:`~dra_driver.enforce.nvmlcontrol.NvmlFacade` for simulated GPUs (see the module).
+    """An :class:`~dra_driver.enforce.mps.nvmlcontrol.NvmlFacade` for simulated GPUs (see the
+    module).
 
     Args:
         root: directory of its state (``<simulation root>/nvml``).

@@ -8,11 +8,11 @@ from collections.abc import Sequence
 
 import structlog
 
-from dra_driver.enforce.control import MpsCommandError, MpsControl, MpsTimeout
-from dra_driver.enforce.daemon import MpsDaemon
-from dra_driver.enforce.names import server_name
-from dra_driver.enforce.rows import ClientRow
-from dra_driver.enforce.targets import FractionTarget
+from dra_driver.enforce.mps.control import MpsCommandError, MpsControl, MpsTimeout
+from dra_driver.enforce.mps.daemon import MpsDaemon
+from dra_driver.enforce.rules.names import server_name
+from dra_driver.enforce.rules.rows import ClientRow
+from dra_driver.enforce.rules.targets import FractionTarget
 from dra_driver.gpus import Gpu
 
 log = structlog.get_logger(__name__)

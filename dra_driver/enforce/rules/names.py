@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from dra_driver.enforce.base import MpsError
+from dra_driver.enforce.rules.base import MpsError
 from dra_driver.model.errors import PrepareError
 from dra_driver.model.gpu import MIB
 from dra_driver.model.ids import validate_uid
