@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+import structlog
 from hypothesis import settings
 
 from dra_driver.config.load import load_node_config, parse_node_config
@@ -18,6 +19,15 @@ from tests.support.node import MIXED_CONFIG, Node, make_node
 settings.register_profile("unit", max_examples=25)
 settings.register_profile("deep", max_examples=1000)
 settings.load_profile(os.environ.get("DRA_HYPOTHESIS_PROFILE", "unit"))
+
+
+@pytest.fixture(autouse=True)
+def default_logging() -> Iterator[None]:
+    """Every test starts with structlog's defaults (lines on stdout): a test that runs the
+    plugin's ``configure`` (stderr) would otherwise change what later tests capture, so a test's
+    outcome would hang on the order the tests run in."""
+    yield
+    structlog.reset_defaults()
 
 
 @pytest.fixture

@@ -228,3 +228,17 @@ def test_no_module_imports_itself_through_others() -> None:
                 seen.add(module)
                 todo.extend(graph[module])
     assert cycles == []
+
+
+def test_unit_tests_mirror_the_package_folders() -> None:
+    """``tests/unit/<folder>/`` for the code of ``dra_driver/<folder>/`` (and of ``devtools/``
+    and ``benchmarks/``): no test file at the top, no folder the code does not have."""
+    unit = PACKAGE.parent / "tests" / "unit"
+    folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert sorted(p.name for p in unit.glob("test_*.py")) == []
+    strays = (
+        {p.name for p in unit.iterdir() if p.is_dir() and p.name != "__pycache__"}
+        - folders
+        - {"devtools", "benchmarks"}
+    )
+    assert strays == set()

@@ -1026,7 +1026,7 @@ def dockerfile() -> str:
 
 def test_dockerfile_builds_with_hack_build_image() -> None:
     """The Dockerfile makes the image of ``make image``: its build stage only runs
-    ``hack/build-image --rootfs-only`` (every input pinned there; tests/unit/deploy/test_image.py
+    ``hack/build-image --rootfs-only`` (every input pinned there; tests/unit/devtools/test_image.py
     checks the pins and that the image configuration matches), the final stage is that tree."""
     text = dockerfile()
     assert "latest" not in text.lower()

@@ -15,8 +15,8 @@ from dra_driver.observe.occupancyusage import ClaimUse, metrics_port, note, pars
 from dra_driver.observe.occupancywait import build_report
 from dra_driver.observe.usagesampler import UsageSampler
 from tests.support.fakes.plans import GIB, H200_MIB, MIB, device, gpu, plan
-from tests.unit.test_occupancy import DRIVER, busy_cluster
-from tests.unit.test_usage_sampler import Clock, Source
+from tests.unit.observe.test_occupancy import DRIVER, busy_cluster
+from tests.unit.observe.test_usage_sampler import Clock, Source
 
 UID = "0d000000-0000-4000-8000-00000000000d"
 

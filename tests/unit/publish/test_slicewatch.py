@@ -13,7 +13,7 @@ from kubernetes import client as k8s
 from dra_driver.publish.publisher import SlicePublisher
 from dra_driver.publish.slicecache import PENDING_S, SliceCache
 from dra_driver.publish.slicewatch import SliceWatch
-from tests.unit.slices.test_publisher import DRIVER, NODE, FakeResourceV1Api, desired
+from tests.unit.publish.test_publisher import DRIVER, NODE, FakeResourceV1Api, desired
 
 SERIALIZER = k8s.ApiClient()
 

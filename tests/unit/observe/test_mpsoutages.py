@@ -32,8 +32,8 @@ from dra_driver.observe.mpsoutages import (
 from tests.support import claimfactory as cf
 from tests.support.apiserver_stub import ClaimStatusServer
 from tests.support.node import NODE
-from tests.unit.test_claimstatus import prepared, writer
-from tests.unit.test_consumers import container_process, plan_of, run_gate
+from tests.unit.observe.test_claimstatus import prepared, writer
+from tests.unit.observe.test_consumers import container_process, plan_of, run_gate
 
 UID = "0a000000-0000-4000-8000-00000000000a"
 T0 = 1_800_000_000.0

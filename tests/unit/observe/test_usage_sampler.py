@@ -28,7 +28,7 @@ from dra_driver.observe.accounting import (
 from dra_driver.observe.usage import MpsUsageSource
 from dra_driver.observe.usagesampler import UsageSampler, is_idle
 from tests.support.fakes.plans import GIB, H200_MIB, MIB, Node, device, gpu, plan
-from tests.unit.test_accounting import labels, scrape
+from tests.unit.observe.test_accounting import labels, scrape
 
 UID = "0c000000-0000-4000-8000-00000000000c"
 CARD = H200_MIB * MIB

@@ -37,7 +37,7 @@ from tests.support import claimfactory as cf
 from tests.support.apiserver_stub import ClaimStatusServer
 from tests.support.node import NODE
 from tests.support.ocistate import oci_state
-from tests.unit.test_claimstatus import prepared, writer
+from tests.unit.observe.test_claimstatus import prepared, writer
 
 UID = "0a000000-0000-4000-8000-00000000000a"
 ADVICE = "each may hold 8945 MiB of its 17891 MiB ceiling on GPU 0; raise maxConsumers"
