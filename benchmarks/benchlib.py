@@ -11,7 +11,7 @@ A *layout* is what the driver publishes, as three functions (a module passed as
 and optionally two more (a module without them installs no admission policy):
 
 - ``policies() -> list[dict]``: admission objects to install with the classes (the driver's
-  sizing MutatingAdmissionPolicy and its binding, :mod:`dra_driver.publish.sizing`);
+  sizing MutatingAdmissionPolicy and its binding, :mod:`dra_driver.cluster.sizing`);
 - ``sized_slots(class_name: str) -> str | None``: the ``capacity.requests.slots`` the API
   server must have written into a claim of that class (None: no capacity request), checked
   with a dry-run create before a measurement (:meth:`Cluster.put_policies`).
@@ -51,12 +51,12 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.app.readcmds import render_slices_json
+from dra_driver.cluster.deviceclasses import build_device_classes
+from dra_driver.cluster.sizing import class_slots, sizing_policy
 from dra_driver.config.load import load_node_config
 from dra_driver.enforce.tiers import detect_enforcement
 from dra_driver.gpus import Inventory
 from dra_driver.infra import logs
-from dra_driver.publish.deviceclasses import build_device_classes
-from dra_driver.publish.sizing import class_slots, sizing_policy
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = DEFAULT_DRIVER_NAME
@@ -202,8 +202,8 @@ def device_class(name: str, expression: str) -> dict[str, Any]:
 @dataclass
 class RenderSlicesLayout:
     """The driver's own layout: slices from render-slices, classes from
-    ``dra_driver.publish.deviceclasses``, the sizing admission policy from
-    ``dra_driver.publish.sizing``.
+    ``dra_driver.cluster.deviceclasses``, the sizing admission policy from
+    ``dra_driver.cluster.sizing``.
 
     Products model (default): a claim names only the class; the policy writes
     ``capacity.requests.slots`` (``gpu-quarter``: 2 of 8). Capacity model (a node config with

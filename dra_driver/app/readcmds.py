@@ -100,15 +100,15 @@ def occupancy_command(
     from kubernetes.config import ConfigException
     from urllib3.exceptions import HTTPError
 
-    from dra_driver.observe.occupancyread import (
+    from dra_driver.cluster.occupancyread import (
         api_client,
         config_source,
         read_cluster,
         read_usage,
     )
-    from dra_driver.observe.occupancyrender import render_json, render_table
-    from dra_driver.observe.occupancyusage import ClaimUse
-    from dra_driver.observe.occupancywait import build_report
+    from dra_driver.cluster.occupancyrender import render_json, render_table
+    from dra_driver.cluster.occupancyusage import ClaimUse
+    from dra_driver.cluster.occupancywait import build_report
 
     source = config_source(kubeconfig, os.environ, Path.home())
     server = "the API server"

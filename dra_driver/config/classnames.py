@@ -1,8 +1,8 @@
 """Names derived from the driver's vocabulary (pure): DeviceClass names (``gpu-quarter``,
 ``gpu-quarter-sm-sharing``, ``gpu-memory``), extended-resource names and label values.
 
-Pure: the DeviceClasses (:mod:`dra_driver.publish.deviceclasses`), the sizing admission policy
-(:mod:`dra_driver.publish.sizing`) and the ResourceSlices (:mod:`dra_driver.publish.slices`) share
+Pure: the DeviceClasses (:mod:`dra_driver.cluster.deviceclasses`), the sizing admission policy
+(:mod:`dra_driver.cluster.sizing`) and the ResourceSlices (:mod:`dra_driver.publish.slices`) share
 these names.
 """
 

@@ -1,3 +1,3 @@
-"""observe: what the driver reports (claim device status, accounting metrics, the
-cluster's occupancy, root MPS clients).
-May import: model, infra, config, prepare, enforce, enforce.rules, enforce.mps, _proto."""
+"""observe: what the plugin reports (claim device status, accounting metrics, MPS outages,
+pod events, root MPS clients).
+May import: model, infra, prepare, enforce, enforce.rules, enforce.mps, _proto."""

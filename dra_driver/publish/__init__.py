@@ -1,3 +1,3 @@
 """publish: the node's offer as ResourceSlices (devices, counters, taints, health),
-kept in sync with the API server; the DeviceClasses and the sizing admission policies.
+kept in sync with the API server.
 May import: model, infra, config."""

@@ -23,8 +23,8 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from devtools import localinstall
+from dra_driver.cluster.sizing import SCHEDULER_USER, sizing_policy
 from dra_driver.config.node import GpuConfig, NodeConfig
-from dra_driver.publish.sizing import SCHEDULER_USER, sizing_policy
 
 pytest.register_assert_rewrite("plugin_fixtures")
 from plugin_fixtures import (  # noqa: E402

@@ -33,8 +33,8 @@ from plugin_fixtures import (  # noqa: E402
 )
 
 from devtools.localnode import free_port  # noqa: E402
+from dra_driver.cluster.occupancyusage import ClaimUse, parse_metrics  # noqa: E402
 from dra_driver.mpsemu.probe import parse_line  # noqa: E402
-from dra_driver.observe.occupancyusage import ClaimUse, parse_metrics  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 pytest_plugins = ["plugin_fixtures"]

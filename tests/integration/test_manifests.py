@@ -3,7 +3,7 @@
 - every manifest, example and every object the chart renders passes the Kubernetes 1.37
   OpenAPI schemas (strict: no unknown fields);
 - ``helm lint`` passes and ``manifests/*.yaml`` are exactly the chart's default rendering;
-- the chart's DeviceClasses equal ``dra_driver.publish.deviceclasses`` and its node configuration
+- the chart's DeviceClasses equal ``dra_driver.cluster.deviceclasses`` and its node configuration
   parses with ``dra_driver.config.node``; the DaemonSet's arguments parse with the real CLI;
 - examples agree with ``dra_driver.config.params`` (valid ones parse, invalid ones are rejected);
 - the Dockerfile builds the image with hack/build-image (pinned inputs).
@@ -34,11 +34,11 @@ import yaml
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.app.args import build_parser as _parser
+from dra_driver.cluster.deviceclasses import build_device_classes
+from dra_driver.cluster.sizing import sizing_policy
 from dra_driver.config.load import load_node_config, parse_node_config_text
 from dra_driver.config.node import NodeConfig, default_node_config
 from dra_driver.config.params import ParameterError, parse_parameters
-from dra_driver.publish.deviceclasses import build_device_classes
-from dra_driver.publish.sizing import sizing_policy
 from tests.support import k8sschema
 from tests.support.paths import REPO
 
@@ -468,7 +468,7 @@ def test_chart_deviceclasses_equal_the_generated_ones() -> None:
 )
 @pytest.mark.parametrize("variant", ["defaults", "extended"])
 def test_chart_sizing_policy_equals_the_generated_one(kind: str, variant: str) -> None:
-    """The product classes need the sizing policies (dra_driver.publish.sizing): the chart and
+    """The product classes need the sizing policies (dra_driver.cluster.sizing): the chart and
     ``manifests/deviceclasses/`` install the same ones."""
     extended = variant == "extended"
     [generated] = of_kind(sizing_policy(NodeConfig(extended_resources=extended)), kind)

@@ -21,10 +21,10 @@ from kubernetes import config as k8s_config
 from kubernetes import dynamic
 
 from dra_driver import DEFAULT_DRIVER_NAME as DRIVER
+from dra_driver.cluster.deviceclasses import build_device_classes
+from dra_driver.cluster.sizing import sizing_policy
 from dra_driver.config.node import default_node_config
 from dra_driver.gpus import SimulatedGpuSource
-from dra_driver.publish.deviceclasses import build_device_classes
-from dra_driver.publish.sizing import sizing_policy
 from dra_driver.publish.slices import build_slices
 from tests.support.nodeless import local_cluster
 from tests.support.waiting import wait_for

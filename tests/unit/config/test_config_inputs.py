@@ -6,10 +6,10 @@ from collections import Counter
 
 import pytest
 
+from dra_driver.cluster.deviceclasses import build_device_classes
+from dra_driver.cluster.sizing import class_slots
 from dra_driver.config.load import ConfigError, parse_node_config, parse_node_config_text
 from dra_driver.gpus import SimulatedGpuSource
-from dra_driver.publish.deviceclasses import build_device_classes
-from dra_driver.publish.sizing import class_slots
 from dra_driver.publish.slices import build_slices
 
 HEAD = "apiVersion: gpu-fraction.dra.dev/v1alpha1\nkind: NodeConfig\n"

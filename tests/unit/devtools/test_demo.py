@@ -122,7 +122,7 @@ def test_demo_workloads_use_the_images_make_image_builds() -> None:
 
 def test_the_demo_and_occupancy_round_a_card_alike() -> None:
     """The same card showed as 139.8 GiB in the demo and 139.7Gi in occupancy."""
-    from dra_driver.observe.occupancy import gib
+    from dra_driver.cluster.occupancy import gib
 
     card = 143_131 * 2**20  # a simulated H200's memory, bytes
     assert _demo().gib(card) == gib(card) == "139.7Gi"

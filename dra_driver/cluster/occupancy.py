@@ -1,7 +1,7 @@
 """Occupancy of the cluster's GPUs (pure), decided from API JSON alone (``dra-driver occupancy``).
 
-Pure: the reader (:mod:`dra_driver.observe.occupancyread`) lists the objects; this module turns
-them into a :class:`Report` (:mod:`dra_driver.observe.occupancyrender` renders it). Inputs are
+Pure: the reader (:mod:`dra_driver.cluster.occupancyread`) lists the objects; this module turns
+them into a :class:`Report` (:mod:`dra_driver.cluster.occupancyrender` renders it). Inputs are
 resource.k8s.io/v1 and v1 API JSON as ``kubectl get -o json`` shows it (camelCase).
 
 Per node and GPU (the ``index`` attribute of the driver's devices in its ResourceSlices):
@@ -19,7 +19,7 @@ Per node and GPU (the ``index`` attribute of the driver's devices in its Resourc
   administrator's DeviceTaintRules are not read): new claims land there only if they
   tolerate them.
 
-Pending pods and their reasons: :mod:`dra_driver.observe.occupancywait`.
+Pending pods and their reasons: :mod:`dra_driver.cluster.occupancywait`.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from dra_driver.cluster.occupancyusage import ClaimUse
 from dra_driver.model.devices import portion_bytes
 from dra_driver.model.quantities import QuantityError, canonical_quantity, quantity_value
 from dra_driver.model.vocabulary import ANY_PRODUCT, FractionModel
-from dra_driver.observe.occupancyusage import ClaimUse
 
 IDLE = "idle"
 """Mode shown for a GPU without allocated shares."""
@@ -136,7 +136,7 @@ class Pending:
     name: str
     classes: tuple[str, ...]
     reason: str
-    """One of :data:`dra_driver.observe.occupancywait.REASONS`."""
+    """One of :data:`dra_driver.cluster.occupancywait.REASONS`."""
     detail: str
 
 
@@ -148,7 +148,7 @@ class Report:
     """The node the report is limited to (``--node``), or None for the whole cluster."""
     usage: Mapping[tuple[str, str], ClaimUse] | None = None
     """What each claim uses by (claim UID, GPU UUID), from the plugins' metrics
-    (:mod:`dra_driver.observe.occupancyusage`); None when not read (``--no-usage``)."""
+    (:mod:`dra_driver.cluster.occupancyusage`); None when not read (``--no-usage``)."""
     usage_problems: Mapping[str, str] = field(default_factory=dict)
     """Node -> why its plugin's usage could not be read."""
 

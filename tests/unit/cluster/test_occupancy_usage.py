@@ -8,14 +8,14 @@ from dataclasses import replace
 
 from prometheus_client import generate_latest
 
+from dra_driver.cluster.occupancyrender import render_json, render_table
+from dra_driver.cluster.occupancyusage import ClaimUse, metrics_port, note, parse_metrics
+from dra_driver.cluster.occupancywait import build_report
 from dra_driver.infra.metrics import Metrics
 from dra_driver.observe.accounting import FractionUsage, register_accounting
-from dra_driver.observe.occupancyrender import render_json, render_table
-from dra_driver.observe.occupancyusage import ClaimUse, metrics_port, note, parse_metrics
-from dra_driver.observe.occupancywait import build_report
 from dra_driver.observe.usagesampler import UsageSampler
 from tests.support.fakes.plans import GIB, H200_MIB, MIB, device, gpu, plan
-from tests.unit.observe.test_occupancy import DRIVER, busy_cluster
+from tests.unit.cluster.test_occupancy import DRIVER, busy_cluster
 from tests.unit.observe.test_usage_sampler import Clock, Source
 
 UID = "0d000000-0000-4000-8000-00000000000d"

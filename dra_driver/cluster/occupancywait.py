@@ -1,5 +1,5 @@
 """Why a Pending pod waits for one of the driver's DeviceClasses: a pure decision from the
-gathered API JSON (:class:`dra_driver.observe.occupancy.Cluster`) and the GPUs' occupancy.
+gathered API JSON (:class:`dra_driver.cluster.occupancy.Cluster`) and the GPUs' occupancy.
 
 A pod waits for a class when it is Pending, unbound and its ``PodScheduled`` condition is
 ``False``, and one of its claims (``spec.resourceClaims``: a named ResourceClaim, or the claim
@@ -47,10 +47,7 @@ from dataclasses import dataclass
 from difflib import get_close_matches
 from fractions import Fraction
 
-from dra_driver.config.node import DEFAULT_PRODUCTS
-from dra_driver.model.devices import portion_bytes
-from dra_driver.model.vocabulary import ANY_PRODUCT, FractionModel
-from dra_driver.observe.occupancy import (
+from dra_driver.cluster.occupancy import (
     IDLE,
     Cluster,
     Device,
@@ -63,6 +60,9 @@ from dra_driver.observe.occupancy import (
     gpu_uses,
     quantity_int,
 )
+from dra_driver.config.node import DEFAULT_PRODUCTS
+from dra_driver.model.devices import portion_bytes
+from dra_driver.model.vocabulary import ANY_PRODUCT, FractionModel
 
 UNKNOWN_CLASS = "unknown-device-class"
 QUOTA = "quota-exhausted"

@@ -1,7 +1,7 @@
 """Reads what ``dra-driver occupancy`` needs from the API server (read-only, no node access):
 the driver's ResourceSlices, ResourceClaims, ResourceClaimTemplates, Pending pods,
 ResourceQuotas, DeviceClasses and Nodes, as raw API JSON
-(:class:`~dra_driver.observe.occupancy.Cluster`).
+(:class:`~dra_driver.cluster.occupancy.Cluster`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.config import ConfigException
 
+from dra_driver.cluster.occupancy import Cluster, Json
+from dra_driver.cluster.occupancyusage import ClaimUse, metrics_port, parse_metrics
 from dra_driver.model.defaults import PLUGIN_SELECTOR
-from dra_driver.observe.occupancy import Cluster, Json
-from dra_driver.observe.occupancyusage import ClaimUse, metrics_port, parse_metrics
 
 PAGE = 500
 """Objects per list call (the API server pages with ``continue`` tokens)."""

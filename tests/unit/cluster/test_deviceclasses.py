@@ -12,17 +12,17 @@ import pytest
 import yaml
 
 from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.config.classnames import device_class_name
-from dra_driver.config.load import load_node_config
-from dra_driver.config.node import GpuOverride, GpuSelector, NodeConfig
-from dra_driver.gpus import SimulatedGpuSource
-from dra_driver.publish.deviceclasses import (
+from dra_driver.cluster.deviceclasses import (
     POLICY_FILE,
     build_device_classes,
     default_device_class_files,
     main,
 )
-from dra_driver.publish.sizing import sizing_policy
+from dra_driver.cluster.sizing import sizing_policy
+from dra_driver.config.classnames import device_class_name
+from dra_driver.config.load import load_node_config
+from dra_driver.config.node import GpuOverride, GpuSelector, NodeConfig
+from dra_driver.gpus import SimulatedGpuSource
 from dra_driver.publish.slices import build_slices, slice_devices
 from tests.support import k8sschema
 from tests.support.paths import REPO

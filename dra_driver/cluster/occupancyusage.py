@@ -2,7 +2,7 @@
 
 ``occupancy`` talks to the API server only; the usage it shows (columns USED, SM% and NOTE)
 comes from each node's kubelet plugin's ``/metrics``, fetched through the API server's pod
-proxy (:func:`dra_driver.observe.occupancyread.read_usage`:
+proxy (:func:`dra_driver.cluster.occupancyread.read_usage`:
 ``GET /api/v1/namespaces/<ns>/pods/<pod>:<port>/proxy/metrics``; the caller needs
 ``get`` on ``pods/proxy`` in the driver's namespace, and where a NetworkPolicy guards the
 metrics port the API server must be admitted by it). Plugin pods are the Running pods matching

@@ -1,6 +1,6 @@
 """Renders the occupancy report (pure): aligned tables or JSON (``dra-driver occupancy``).
 
-The claims table shows, from the plugins' metrics (:mod:`dra_driver.observe.occupancyusage`),
+The claims table shows, from the plugins' metrics (:mod:`dra_driver.cluster.occupancyusage`),
 what each claim uses: USED (GPU memory in use), SM% (SM utilization over the portion the
 claim bought, 100 = all of it) and NOTE (``near-ceiling``: 90% of its memory ceiling used, its
 next allocations are about to fail; ``idle <n>m``: no SM use for that long). ``-``: usage not
@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from dra_driver.observe.occupancy import GpuUse, Holder, Report, gib, table
-from dra_driver.observe.occupancyusage import ClaimUse, note
+from dra_driver.cluster.occupancy import GpuUse, Holder, Report, gib, table
+from dra_driver.cluster.occupancyusage import ClaimUse, note
 
 
 def _use(report: Report, g: GpuUse, h: Holder) -> ClaimUse | None:

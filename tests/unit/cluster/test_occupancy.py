@@ -9,12 +9,10 @@ from typing import Any
 import pytest
 
 from dra_driver import DEFAULT_DRIVER_NAME as DRIVER
-from dra_driver.config.load import parse_node_config
-from dra_driver.config.node import default_node_config
-from dra_driver.gpus import MIB, SimulatedGpuSource
-from dra_driver.observe.occupancy import Cluster
-from dra_driver.observe.occupancyrender import render_json, render_table
-from dra_driver.observe.occupancywait import (
+from dra_driver.cluster.deviceclasses import build_device_classes
+from dra_driver.cluster.occupancy import Cluster
+from dra_driver.cluster.occupancyrender import render_json, render_table
+from dra_driver.cluster.occupancywait import (
     NO_DEVICE,
     NO_MEMORY,
     NO_NODE,
@@ -25,7 +23,9 @@ from dra_driver.observe.occupancywait import (
     UNKNOWN_CLASS,
     build_report,
 )
-from dra_driver.publish.deviceclasses import build_device_classes
+from dra_driver.config.load import parse_node_config
+from dra_driver.config.node import default_node_config
+from dra_driver.gpus import MIB, SimulatedGpuSource
 from dra_driver.publish.devicetaints import GPU_LOST, DeviceTaint, taint_key
 from dra_driver.publish.offer import offered_devices
 from dra_driver.publish.slices import build_slices
