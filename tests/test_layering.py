@@ -242,3 +242,33 @@ def test_unit_tests_mirror_the_package_folders() -> None:
         - {"devtools", "benchmarks"}
     )
     assert strays == set()
+
+
+KUBERNETES_CLIENT_USERS = {
+    "dra_driver.infra.kubeconfig": "builds API clients",
+    "dra_driver.infra.rawapi": "JSON requests; hands on ApiClient and ApiException",
+    "dra_driver.publish.publisher": "ResourceSlices through ResourceV1Api",
+    "dra_driver.publish.slicewatch": "the ResourceSlice watch",
+    "dra_driver.observe.podevents": "reads a claim (its reservedFor pods) through ResourceV1Api",
+    "dra_driver.cluster.occupancyread": "the occupancy command's lists",
+    "dra_driver.model.quantities": "the client's quantity parser only, no request",
+}
+"""The modules that import the official Kubernetes client library, and why; the others reach
+the API server through these (a client passed along is typed with ``infra.rawapi``'s
+``ApiClient``)."""
+
+
+def test_the_kubernetes_client_is_imported_only_where_requests_are_made() -> None:
+    importers = set()
+    for name, path in _sources().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            modules = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            if any(m == "kubernetes" or m.startswith("kubernetes.") for m in modules):
+                importers.add(name)
+    assert importers == set(KUBERNETES_CLIENT_USERS)

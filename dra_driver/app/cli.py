@@ -98,8 +98,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if args.command == "mps-service":
         return _mps_service(args)
-    from kubernetes.config import ConfigException
-
     from dra_driver.app.plugin import PluginOptions, run
     from dra_driver.enforce.enforcer import MpsOptions
 
@@ -148,6 +146,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return run(options)
-    except (DriverError, ConfigException, OSError) as exc:
+    except (DriverError, OSError) as exc:
         print(f"error: cannot start the kubelet plugin: {exc}", file=sys.stderr)
         return 2

@@ -12,7 +12,6 @@ from pathlib import Path
 from types import FrameType
 
 import structlog
-from kubernetes import client as k8s
 from prometheus_client import start_http_server
 
 from dra_driver.app.enforcement import make_enforcer
@@ -39,6 +38,7 @@ from dra_driver.infra.budget import DEFAULT_CALL_BUDGET_S
 from dra_driver.infra.kubeconfig import api_client
 from dra_driver.infra.locking import PrepareLock
 from dra_driver.infra.metrics import Metrics
+from dra_driver.infra.rawapi import ApiClient
 from dra_driver.kubelet.server import PluginServer, SocketPaths
 from dra_driver.model import defaults
 from dra_driver.observe.accounting import NoUsage, register_accounting
@@ -110,7 +110,7 @@ def run(opts: PluginOptions, stop: threading.Event | None = None) -> int:
     answered again after discovery failed; the kubelet restarts the container).
 
     Raises:
-        DriverError, ConfigException, OSError: start-up failed; whatever had started (servers,
+        DriverError, OSError: start-up failed; whatever had started (servers,
             sockets, threads, the metrics endpoint) was released first (:class:`RunningPlugin`).
     """
     stop = stop or threading.Event()
@@ -268,7 +268,7 @@ class RunningPlugin:
         node: OpenedNode,
         report: EnforcementReport,
         enforcer: FractionEnforcer,
-        api: k8s.ApiClient,
+        api: ApiClient,
         metrics: Metrics,
     ) -> ClaimPreparation:
         """The claim status writer, Prepare/Unprepare, the kubelet's gRPC services, the
@@ -353,13 +353,11 @@ class RunningPlugin:
         return preparation
 
     def _publish(
-        self, node: OpenedNode, report: EnforcementReport, api: k8s.ApiClient, metrics: Metrics
+        self, node: OpenedNode, report: EnforcementReport, api: ApiClient, metrics: Metrics
     ) -> None:
         """The slice publisher and its watch, started."""
         opts, state = node.opts, node.state
-        publisher = SlicePublisher(
-            k8s.ResourceV1Api(api), opts.driver_name, opts.node_name, metrics=metrics
-        )
+        publisher = SlicePublisher.of_client(api, opts.driver_name, opts.node_name, metrics)
         owner = NodeOwner(api, opts.node_name)
 
         def changed(event_type: str) -> None:

@@ -9,7 +9,6 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from pathlib import Path
 
 from dra_driver.config.load import load_node_config
@@ -93,58 +92,17 @@ def occupancy_command(
     output: str,
     plugin_selector: str | None = None,
 ) -> int:
-    """``dra-driver occupancy``: print the report; exit 2 when the API cannot be read. With
-    ``plugin_selector``, the claims' usage is read from those plugin pods' metrics (a plugin
-    that cannot be read is named in the report, it fails nothing)."""
-    from kubernetes.client.exceptions import ApiException
-    from kubernetes.config import ConfigException
-    from urllib3.exceptions import HTTPError
-
-    from dra_driver.cluster.occupancyread import (
-        api_client,
-        config_source,
-        read_cluster,
-        read_usage,
-    )
+    """``dra-driver occupancy``: print the report
+    (:func:`~dra_driver.cluster.occupancycmd.occupancy_report`); exit 2, with one line, when
+    the API cannot be read."""
+    from dra_driver.cluster.occupancycmd import OccupancyError, occupancy_report
     from dra_driver.cluster.occupancyrender import render_json, render_table
-    from dra_driver.cluster.occupancyusage import ClaimUse
-    from dra_driver.cluster.occupancywait import build_report
 
-    source = config_source(kubeconfig, os.environ, Path.home())
-    server = "the API server"
     try:
-        with api_client(source) as api:
-            server = f"the API server {api.configuration.host} (from {source.label})"
-            report = build_report(read_cluster(api, driver), driver, node)
-            usage: dict[tuple[str, str], ClaimUse] | None = None
-            problems: dict[str, str] = {}
-            held = sorted({g.node for g in report.gpus if g.holders})
-            if plugin_selector is not None and held:
-                try:
-                    usage, problems = read_usage(api, held, plugin_selector)
-                except ApiException as exc:
-                    why = f"cannot list the plugin pods: {exc.status} {exc.reason}"
-                    usage, problems = {}, {n: why for n in held}
-    except ApiException as exc:
-        print(
-            f"error: {server} refused a list call: {exc.status} {exc.reason}; "
-            "occupancy needs list on resourceslices, resourceclaims, resourceclaimtemplates, "
-            "deviceclasses, pods, resourcequotas and nodes",
-            file=sys.stderr,
-        )
+        report = occupancy_report(kubeconfig, driver, node, plugin_selector)
+    except OccupancyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
-    except ConfigException as exc:  # names the file, where it came from and what to do
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
-    except (HTTPError, OSError) as exc:
-        message = " ".join(str(exc).split())
-        print(
-            f"error: cannot read {server}: {message}; check that this is the cluster you "
-            "mean and that its API server runs",
-            file=sys.stderr,
-        )
-        return 2
-    report = replace(report, usage=usage, usage_problems=problems)
     text = render_json(report) if output == "json" else render_table(report)
     return print_to_pipe(text)
 

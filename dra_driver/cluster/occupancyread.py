@@ -71,28 +71,28 @@ def api_client(source: ConfigSource) -> k8s.ApiClient:
     """A client for ``source`` (:func:`config_source`), one retry per call.
 
     Raises:
-        ConfigException: unusable kubeconfig (the message names the file and where it came
+        KubeconfigError: unusable kubeconfig (the message names the file and where it came
             from) or, without one, not inside a pod (:data:`NO_CONFIGURATION`).
     """
-    from dra_driver.infra.kubeconfig import load_kubeconfig
+    from dra_driver.infra.kubeconfig import KubeconfigError, load_kubeconfig
 
     cfg = k8s.Configuration()
     if source.path is None:
         try:
             k8s_config.load_incluster_config(client_configuration=cfg)
         except ConfigException as exc:
-            raise ConfigException(NO_CONFIGURATION) from exc
+            raise KubeconfigError(NO_CONFIGURATION) from exc
     elif os.pathsep in source.path:  # KUBECONFIG's list: merged by the client, as kubectl does
         try:
             k8s_config.load_kube_config(config_file=source.path, client_configuration=cfg)
         except (ConfigException, OSError, ValueError) as exc:
-            raise ConfigException(f"{source.label}: {' '.join(str(exc).split())}") from exc
+            raise KubeconfigError(f"{source.label}: {' '.join(str(exc).split())}") from exc
     else:
         try:
             load_kubeconfig(Path(source.path), cfg)
-        except ConfigException as exc:
+        except KubeconfigError as exc:
             label = "" if source.label.startswith("--") else f" (from {source.label})"
-            raise ConfigException(f"{exc}{label}") from exc
+            raise KubeconfigError(f"{exc}{label}") from exc
     cfg.retries = 1
     return k8s.ApiClient(cfg)
 

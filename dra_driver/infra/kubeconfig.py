@@ -12,6 +12,8 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.config import ConfigException
 
+from dra_driver.model.errors import StartupError
+
 KUBECONFIG_HINT = (
     "pass --kubeconfig (or KUBECONFIG) a valid kubeconfig file, or neither inside a pod to use "
     "its service account"
@@ -32,18 +34,23 @@ def kubeconfig_problem(path: Path, exc: Exception) -> str:
     return " ".join(str(exc).split())
 
 
+class KubeconfigError(StartupError):
+    """No usable API configuration: the message names the file (or the pod's service account),
+    the problem and what to do, in one line."""
+
+
 def load_kubeconfig(path: Path, cfg: k8s.Configuration) -> None:
     """Load the kubeconfig file ``path`` into ``cfg``.
 
     Raises:
-        ConfigException: the file is missing, unreadable, empty, not YAML or not a usable
+        KubeconfigError: the file is missing, unreadable, empty, not YAML or not a usable
             kubeconfig; one line naming ``path``, the problem and what to do.
     """
     try:
         k8s_config.load_kube_config(config_file=str(path), client_configuration=cfg)
     except (ConfigException, yaml.YAMLError, TypeError, AttributeError, OSError) as exc:
         problem = kubeconfig_problem(path, exc)
-        raise ConfigException(f"kubeconfig {path}: {problem}; {KUBECONFIG_HINT}") from exc
+        raise KubeconfigError(f"kubeconfig {path}: {problem}; {KUBECONFIG_HINT}") from exc
 
 
 def user_agent(component: str) -> str:
@@ -63,12 +70,18 @@ def api_client(kubeconfig: str | None, connections: int, component: str) -> k8s.
     :data:`dra_driver.prepare.reads.CLAIM_READERS`; with urllib3's default of 10, every
     batch of reads opened and discarded the rest) and whose requests carry
     :func:`user_agent` of ``component``.
+
+    Raises:
+        KubeconfigError: ``kubeconfig`` is unusable or, without one, this is not a pod.
     """
     cfg = k8s.Configuration()
     if kubeconfig:
         load_kubeconfig(Path(kubeconfig), cfg)
     else:
-        k8s_config.load_incluster_config(client_configuration=cfg)
+        try:
+            k8s_config.load_incluster_config(client_configuration=cfg)
+        except ConfigException as exc:
+            raise KubeconfigError(f"no in-cluster configuration: {exc}; {KUBECONFIG_HINT}") from exc
     cfg.connection_pool_maxsize = connections
     client = k8s.ApiClient(cfg)
     client.user_agent = user_agent(component)

@@ -2,7 +2,12 @@
 User-Agent (``ApiClient.param_serialize`` and ``call_api``), without its generated API classes:
 importing ``CoreV1Api`` loads about 235 model modules (20 MiB of the plugin's memory, measured
 with ``ru_maxrss``) for the two core/v1 calls the plugin makes (read its Node, create an
-Event)."""
+Event).
+
+The API client's connection type and its error are handed on from here (``ApiClient``,
+``ApiException``), so that code which only passes a client along or reads an error's status
+does not import the client library itself (``tests/test_layering.py`` lists the modules that
+do)."""
 
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ from typing import Any
 
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
+
+__all__ = ["ApiClient", "ApiException", "json_request"]
 
 
 def json_request(

@@ -36,13 +36,12 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import structlog
-from kubernetes.client import ApiClient
-from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from dra_driver._proto import k8s_resourceclaim_pb2 as pb
 from dra_driver.enforce.tiers import EnforcementReport
 from dra_driver.infra.metrics import Metrics
+from dra_driver.infra.rawapi import ApiClient, ApiException
 from dra_driver.model.plans import ClaimPlan
 from dra_driver.model.textlimits import shorten
 from dra_driver.model.vocabulary import Tier

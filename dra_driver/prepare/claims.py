@@ -8,13 +8,12 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from kubernetes.client import ApiClient
-from kubernetes.client.exceptions import ApiException
 from urllib3 import BaseHTTPResponse, Timeout
 from urllib3.exceptions import TimeoutError as Urllib3TimeoutError
 
 from dra_driver._proto import k8s_resourceclaim_pb2 as pb
 from dra_driver.infra.kubeconfig import single_try
+from dra_driver.infra.rawapi import ApiClient, ApiException
 from dra_driver.model.errors import PrepareError
 from dra_driver.prepare import claimwire
 

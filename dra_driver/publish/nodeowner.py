@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import threading
 
-from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from dra_driver.infra.rawapi import json_request
+from dra_driver.infra.rawapi import ApiClient, ApiException, json_request
 from dra_driver.publish.publisher import PublishError
 
 
-def node_owner_uid(api: k8s.ApiClient, node_name: str) -> str:
+def node_owner_uid(api: ApiClient, node_name: str) -> str:
     """The Node's UID: every slice gets it as owner, so the slices go away with the Node.
 
     Raises:
@@ -58,7 +56,7 @@ class NodeOwner:
         node_name: the Node's name.
     """
 
-    def __init__(self, api: k8s.ApiClient, node_name: str) -> None:
+    def __init__(self, api: ApiClient, node_name: str) -> None:
         self._api = api
         self._node = node_name
         self._uid: str | None = None

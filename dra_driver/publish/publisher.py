@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 import structlog
 import urllib3.exceptions
-from kubernetes.client import V1ResourceSlice
+from kubernetes.client import ApiClient, ResourceV1Api, V1ResourceSlice
 from kubernetes.client.exceptions import ApiException
 
 from dra_driver.infra.metrics import Metrics
@@ -161,6 +161,13 @@ class SlicePublisher:
         initial_backoff, max_backoff: backoff bounds in seconds.
         metrics: where failed API calls are counted (default: a registry of its own).
     """
+
+    @classmethod
+    def of_client(
+        cls, api: ApiClient, driver: str, node: str, metrics: Metrics | None = None
+    ) -> SlicePublisher:
+        """A publisher that writes through ``api`` (the official client's ``ResourceV1Api``)."""
+        return cls(ResourceV1Api(api), driver, node, metrics=metrics)
 
     def __init__(
         self,
