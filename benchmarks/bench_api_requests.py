@@ -57,7 +57,7 @@ from benchlib import (  # noqa: E402
 
 from dra_driver import DEFAULT_DRIVER_NAME  # noqa: E402
 from dra_driver._proto import dra_v1_pb2  # noqa: E402
-from dra_driver.kubelet.server import SocketPaths  # noqa: E402
+from dra_driver.kubelet import SocketPaths  # noqa: E402
 from tests.support.audit import (  # noqa: E402
     PLUGIN_AGENTS,
     audit_events,

@@ -75,12 +75,12 @@ def serve_plain(socket: str, settings: dict[str, Any], ready: Event, stop: Event
 
 
 def serve_ours(socket: str, settings: dict[str, Any], ready: Event, stop: Event) -> None:
-    from dra_driver.config.load import load_node_config
+    from dra_driver.config import load_node_config
     from dra_driver.enforce import RecordingEnforcer
     from dra_driver.gpus import SimulatedGpuSource
     from dra_driver.infra import logs
-    from dra_driver.kubelet.server import PluginServer, SocketPaths
-    from dra_driver.publish.offer import offered_devices
+    from dra_driver.kubelet import PluginServer, SocketPaths
+    from dra_driver.publish import offered_devices
     from tests.support.apiserver_stub import ClaimServer
     from tests.support.node import NODE, Node
 

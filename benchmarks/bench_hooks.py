@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dra_driver.enforce.rules.hooks import consumer_gate_hook  # noqa: E402
+from dra_driver.enforce import consumer_gate_hook  # noqa: E402
 from dra_driver.gpus import open_source, simnode  # noqa: E402
 from dra_driver.model.cdi import Hook  # noqa: E402
 from tests.support.ocistate import oci_state  # noqa: E402

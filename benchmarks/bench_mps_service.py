@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dra_driver.enforce.mpsservice.readiness import state_path  # noqa: E402
+from dra_driver.enforce import state_path  # noqa: E402
 from dra_driver.model.vocabulary import COMPUTE_MODES  # noqa: E402
 
 MIB = 1024 * 1024

@@ -53,7 +53,7 @@ from bench_prepare import FloorServicer, percentile  # noqa: E402
 from dra_driver import DEFAULT_DRIVER_NAME  # noqa: E402
 from dra_driver._proto import dra_v1_pb2, registration_pb2, registration_pb2_grpc  # noqa: E402
 from dra_driver.infra import logs  # noqa: E402
-from dra_driver.kubelet.server import PluginServer, SocketPaths  # noqa: E402
+from dra_driver.kubelet import PluginServer, SocketPaths  # noqa: E402
 from tests.support import claimfactory as cf  # noqa: E402
 from tests.support.kubelet import kubelet_connect  # noqa: E402
 from tests.support.node import NODE, Node, share_result  # noqa: E402
@@ -91,16 +91,19 @@ def main() -> int:
     calls, batch_size = (SMOKE_CALLS, SMOKE_BATCH) if args.smoke else (args.calls, BATCH)
     logs.configure("warning", "json")
 
-    from dra_driver.config.load import load_node_config
-    from dra_driver.enforce import RecordingEnforcer
-    from dra_driver.enforce.enforcer import MpsEnforcer, MpsOptions
-    from dra_driver.enforce.mps.simnvml import SimulatedNvml
-    from dra_driver.enforce.rules.names import daemon_pipe_dir
+    from dra_driver.config import load_node_config
+    from dra_driver.enforce import (
+        MpsEnforcer,
+        MpsOptions,
+        RecordingEnforcer,
+        SimulatedNvml,
+        daemon_pipe_dir,
+    )
     from dra_driver.gpus import SimulatedGpuSource
-    from dra_driver.infra.runner import SubprocessRunner
+    from dra_driver.infra import SubprocessRunner
     from dra_driver.model.vocabulary import ComputeMode
     from dra_driver.mpsemu.paths import emulator_path
-    from dra_driver.publish.offer import offered_devices
+    from dra_driver.publish import offered_devices
     from tests.support.apiserver_stub import ClaimServer
 
     # short: unix socket paths are limited to 107 bytes

@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dra_driver import DEFAULT_DRIVER_NAME  # noqa: E402
 from dra_driver._proto import dra_v1_pb2, health_v1_pb2, health_v1_pb2_grpc  # noqa: E402
 from dra_driver.infra import logs  # noqa: E402
-from dra_driver.kubelet.server import PluginServer, SocketPaths  # noqa: E402
+from dra_driver.kubelet import PluginServer, SocketPaths  # noqa: E402
 from dra_driver.model.devices import PublishedDevice  # noqa: E402
 from tests.support import claimfactory as cf  # noqa: E402
 from tests.support.kubelet import Kubelet, kubelet_connect  # noqa: E402
@@ -156,10 +156,10 @@ def main() -> int:
     warmup = SMOKE_WARMUP if args.smoke else WARMUP
     logs.configure("error", "json")
 
-    from dra_driver.config.load import load_node_config
+    from dra_driver.config import load_node_config
     from dra_driver.enforce import RecordingEnforcer
     from dra_driver.gpus import SimulatedGpuSource
-    from dra_driver.publish.offer import offered_devices
+    from dra_driver.publish import offered_devices
     from tests.support.apiserver_stub import ClaimServer
 
     with tempfile.TemporaryDirectory(prefix="drab-") as tmp, ClaimServer() as claims:

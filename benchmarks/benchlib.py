@@ -51,10 +51,9 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.app.readcmds import render_slices_json
-from dra_driver.cluster.deviceclasses import build_device_classes
-from dra_driver.cluster.sizing import class_slots, sizing_policy
-from dra_driver.config.load import load_node_config
-from dra_driver.enforce.tiers import detect_enforcement
+from dra_driver.cluster import build_device_classes, class_slots, sizing_policy
+from dra_driver.config import load_node_config
+from dra_driver.enforce import detect_enforcement
 from dra_driver.gpus import Inventory
 from dra_driver.infra import logs
 

@@ -52,7 +52,7 @@ from kubernetes.client.exceptions import ApiException
 from devtools import localinstall
 from devtools.waiting import WaitTimeout, wait_for
 from dra_driver import DEFAULT_DRIVER_NAME as DRIVER
-from dra_driver.cluster.occupancy import gib as occupancy_gib
+from dra_driver.cluster import gib as occupancy_gib
 from dra_driver.mpsemu.probe import parse_line
 
 REPO = Path(__file__).resolve().parents[1]

@@ -297,7 +297,7 @@ class CgroupLimits:
             return how + f"cgroup limit NOT applied: {exc}"
 
     def close(self) -> None:
-        from dra_driver.enforce.mps.nvmlcontrol import UNLIMITED
+        from dra_driver.enforce import UNLIMITED
 
         for leaf in self.leaves:
             with contextlib.suppress(Exception):
@@ -318,8 +318,7 @@ def find_gpu(index: int) -> tuple[Any, Any] | str:
     if os.environ.get("GPU_CHECK_PRETEND_NO_GPU"):
         return "GPU_CHECK_PRETEND_NO_GPU is set"
     try:
-        from dra_driver.gpus import GpuSourceError
-        from dra_driver.gpus.nvml import NvmlGpuSource
+        from dra_driver.gpus import GpuSourceError, NvmlGpuSource
 
         inventory = NvmlGpuSource().discover()
     except ImportError as exc:
@@ -380,7 +379,7 @@ def measure_mode(
     label: str,
 ) -> tuple[list[Row], dict[str, str]]:
     from dra_driver.enforce import MpsEnforcer, MpsOptions
-    from dra_driver.infra.runner import SubprocessRunner
+    from dra_driver.infra import SubprocessRunner
 
     options = MpsOptions(
         root=str(Path(args.root) / label),
@@ -469,7 +468,7 @@ def usage_check(enforcer: Any, nvml: Any, gpu: Any, plans: list[Any], probes: li
     a different amount (256 MiB x its position + 256) and spins; the check reports, per claim,
     the memory the source saw against what its probe holds (a context adds some), its clients,
     and whether NVML's process utilization named the probes' PIDs (not the MPS server's)."""
-    from dra_driver.observe.usage import MpsUsageSource
+    from dra_driver.observe import MpsUsageSource
 
     held = [256 * (i + 1) for i in range(len(probes))]
     for p, mib in zip(probes, held, strict=True):
@@ -571,9 +570,8 @@ def main() -> int:
     if os.geteuid() != 0:
         print("gpu-check needs root (compute mode, multi-user MPS, cgroup limits)")
         return 2
-    from dra_driver.enforce import PynvmlFacade
-    from dra_driver.enforce.tiers import detect_enforcement
-    from dra_driver.infra.logs import configure
+    from dra_driver.enforce import PynvmlFacade, detect_enforcement
+    from dra_driver.infra import configure
 
     configure("warning", "console")
     report = detect_enforcement(inventory, simulated=False, hook_path=args.hook)

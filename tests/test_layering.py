@@ -16,11 +16,15 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 import dra_driver
+from dra_driver.faces import face_names
 
 PACKAGE = Path(dra_driver.__file__).parent
 GENERATED = "_proto"
@@ -272,3 +276,37 @@ def test_the_kubernetes_client_is_imported_only_where_requests_are_made() -> Non
             if any(m == "kubernetes" or m.startswith("kubernetes.") for m in modules):
                 importers.add(name)
     assert importers == set(KUBERNETES_CLIENT_USERS)
+
+
+FACELESS = {"model", "mpsemu", GENERATED}
+"""Layers without a lazy face: the vocabulary (its small pure modules are its face), the MPS
+emulator (its modules are programs of their own) and the generated code."""
+
+
+@pytest.mark.parametrize("layer", sorted(set(_layers()) - FACELESS - {"app"}))
+def test_every_name_of_a_layers_face_loads(layer: str) -> None:
+    package = importlib.import_module(f"dra_driver.{layer}")
+    names = getattr(package, "__all__", [])
+    if "." in layer and not names:
+        return  # a sub-folder: its parent's face speaks for it
+    assert names, f"dra_driver/{layer}/__init__.py has no __all__ (its public face)"
+    assert sorted(names) == sorted(set(names))
+    missing = [n for n in names if getattr(package, n, None) is None]
+    assert missing == []
+    typed = set(face_names(str(PACKAGE / layer.replace(".", "/") / "__init__.py")))
+    assert typed <= set(names), "a TYPE_CHECKING import of the face is not in __all__"
+
+
+def test_the_wiring_imports_other_layers_only_through_their_faces() -> None:
+    """``app/``, ``devtools/`` and ``benchmarks/`` import ``from dra_driver.<layer> import
+    ...``, never a layer's module (model, mpsemu and the generated code aside)."""
+    root = PACKAGE.parent
+    files = [*(PACKAGE / "app").glob("*.py"), *(root / "devtools").rglob("*.py")]
+    files += [*(root / "benchmarks").rglob("*.py")]
+    offending = []
+    for path in files:
+        for module, _ in _project_imports(path):
+            parts = module.split(".")
+            if len(parts) > 2 and parts[1] not in FACELESS | {"app"}:
+                offending.append(f"{path.relative_to(root)}: {module}")
+    assert offending == []

@@ -8,8 +8,7 @@ import os
 from typing import TypeAlias
 
 from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.infra import logs
-from dra_driver.infra.budget import DEFAULT_CALL_BUDGET_S, KUBELET_CALL_TIMEOUT_S
+from dra_driver.infra import DEFAULT_CALL_BUDGET_S, KUBELET_CALL_TIMEOUT_S, logs
 from dra_driver.model import defaults
 
 DEFAULT_CDI_ROOT = "/var/run/cdi"

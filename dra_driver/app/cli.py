@@ -32,7 +32,7 @@ def mps_control(binary: str | None, gpus: str) -> str:
 
 def _mps_service(args: argparse.Namespace) -> int:
     """``dra-driver mps-service``."""
-    from dra_driver.enforce.mpsservice.service import ServiceOptions, run_service
+    from dra_driver.enforce import ServiceOptions, run_service
 
     if not args.node_name:
         print("error: --node-name (or NODE_NAME) is required", file=sys.stderr)
@@ -69,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure(args.log_level, args.log_format)
     if args.command == "render-slices":
         from dra_driver.app.readcmds import print_to_pipe, render_slices_json
-        from dra_driver.enforce.tiers import detect_enforcement
+        from dra_driver.enforce import detect_enforcement
         from dra_driver.gpus import Inventory
 
         def tiers(inventory: Inventory) -> dict[str, str]:
@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "mps-service":
         return _mps_service(args)
     from dra_driver.app.plugin import PluginOptions, run
-    from dra_driver.enforce.enforcer import MpsOptions
+    from dra_driver.enforce import MpsOptions
 
     if not args.node_name:
         print("error: --node-name (or NODE_NAME) is required", file=sys.stderr)

@@ -7,16 +7,20 @@ from dataclasses import replace
 from pathlib import Path
 
 from dra_driver.app.nodestate import NodeState
-from dra_driver.enforce import FractionEnforcer, RecordingEnforcer
-from dra_driver.enforce.enforcer import MpsEnforcer, MpsOptions
-from dra_driver.enforce.mps.nvmlcontrol import NvmlFacade, PynvmlFacade
-from dra_driver.enforce.mps.simnvml import SimulatedNvml
-from dra_driver.enforce.rules.names import daemon_pipe_dir
-from dra_driver.enforce.tiers import EnforcementReport
-from dra_driver.infra.runner import SubprocessRunner
+from dra_driver.enforce import (
+    EnforcementReport,
+    FractionEnforcer,
+    MpsEnforcer,
+    MpsOptions,
+    NvmlFacade,
+    PynvmlFacade,
+    RecordingEnforcer,
+    SimulatedNvml,
+    daemon_pipe_dir,
+)
+from dra_driver.infra import SubprocessRunner
 from dra_driver.model.vocabulary import ComputeMode
-from dra_driver.observe.accounting import UsageSource
-from dra_driver.observe.usage import MpsUsageSource
+from dra_driver.observe import MpsUsageSource, UsageSource
 
 
 def make_enforcer(

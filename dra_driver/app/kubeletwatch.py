@@ -18,7 +18,7 @@ from pathlib import Path
 import structlog
 from prometheus_client import Gauge
 
-from dra_driver.infra.atomicfile import record_state
+from dra_driver.infra import record_state
 from dra_driver.model.defaults import REGISTRATION_TIMEOUT_S
 
 log = structlog.get_logger(__name__)

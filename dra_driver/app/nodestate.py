@@ -9,19 +9,21 @@ from pathlib import Path
 
 import structlog
 
-from dra_driver.config.node import NodeConfig
+from dra_driver.config import NodeConfig
 from dra_driver.enforce import FractionEnforcer
 from dra_driver.gpus import GpuSource
-from dra_driver.infra import budget
-from dra_driver.infra.atomicfile import record_state
-from dra_driver.infra.budget import CLIENT_CHECK_BUDGET_S, HEALTH_CHECK_BUDGET_S, Budget
-from dra_driver.infra.metrics import Metrics
+from dra_driver.infra import (
+    CLIENT_CHECK_BUDGET_S,
+    HEALTH_CHECK_BUDGET_S,
+    Budget,
+    Metrics,
+    budget,
+    record_state,
+)
 from dra_driver.model.devices import DeviceStatus, PublishedDevice
 from dra_driver.model.gpu import GpuSourceError, Inventory, driver_change
 from dra_driver.model.plans import ClaimPlan
-from dra_driver.publish.devicehealth import device_health
-from dra_driver.publish.devicetaints import DeviceTaint, TaintMemory
-from dra_driver.publish.offer import offered_devices
+from dra_driver.publish import DeviceTaint, TaintMemory, device_health, offered_devices
 
 log = structlog.get_logger(__name__)
 

@@ -26,35 +26,43 @@ from dra_driver.app.nodestate import (
     write_driver_state,
 )
 from dra_driver.app.sockets import check_socket_paths
-from dra_driver.config.caps import CapPolicy
-from dra_driver.config.load import load_node_config
-from dra_driver.config.node import NodeConfig, warn_unmatched_selectors
-from dra_driver.enforce import FractionEnforcer
-from dra_driver.enforce.enforcer import MpsEnforcer, MpsOptions
-from dra_driver.enforce.tiers import EnforcementReport, detect_enforcement
+from dra_driver.config import CapPolicy, NodeConfig, load_node_config, warn_unmatched_selectors
+from dra_driver.enforce import (
+    EnforcementReport,
+    FractionEnforcer,
+    MpsEnforcer,
+    MpsOptions,
+    detect_enforcement,
+)
 from dra_driver.gpus import open_source, simnode
-from dra_driver.infra.atomicfile import private_dir
-from dra_driver.infra.budget import DEFAULT_CALL_BUDGET_S
-from dra_driver.infra.kubeconfig import api_client
-from dra_driver.infra.locking import PrepareLock
-from dra_driver.infra.metrics import Metrics
-from dra_driver.infra.rawapi import ApiClient
-from dra_driver.kubelet.server import PluginServer, SocketPaths
+from dra_driver.infra import (
+    DEFAULT_CALL_BUDGET_S,
+    ApiClient,
+    Metrics,
+    PrepareLock,
+    api_client,
+    private_dir,
+)
+from dra_driver.kubelet import PluginServer, SocketPaths
 from dra_driver.model import defaults
-from dra_driver.observe.accounting import NoUsage, register_accounting
-from dra_driver.observe.claimstatuswriter import ClaimStatusWriter
-from dra_driver.observe.consumers import ConsumerWatch
-from dra_driver.observe.mpsoutages import MpsOutageReport, event_on_terminations
-from dra_driver.observe.podevents import PodEvents
-from dra_driver.observe.usagesampler import UsageSampler
-from dra_driver.prepare.checkpoint import read_boot_id
-from dra_driver.prepare.claims import ApiClaimReader
-from dra_driver.prepare.orphans import OrphanSweep
-from dra_driver.prepare.preparation import ClaimPreparation
-from dra_driver.prepare.reads import CLAIM_READERS
-from dra_driver.publish.nodeowner import NodeOwner
-from dra_driver.publish.publisher import SlicePublisher
-from dra_driver.publish.slices import build_slices
+from dra_driver.observe import (
+    ClaimStatusWriter,
+    ConsumerWatch,
+    MpsOutageReport,
+    NoUsage,
+    PodEvents,
+    UsageSampler,
+    event_on_terminations,
+    register_accounting,
+)
+from dra_driver.prepare import (
+    CLAIM_READERS,
+    ApiClaimReader,
+    ClaimPreparation,
+    OrphanSweep,
+    read_boot_id,
+)
+from dra_driver.publish import NodeOwner, SlicePublisher, build_slices
 
 log = structlog.get_logger(__name__)
 

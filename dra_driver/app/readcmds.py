@@ -11,10 +11,9 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from dra_driver.config.load import load_node_config
-from dra_driver.config.node import warn_unmatched_selectors
+from dra_driver.config import load_node_config, warn_unmatched_selectors
 from dra_driver.model.gpu import Inventory
-from dra_driver.publish.slices import build_slices
+from dra_driver.publish import build_slices
 
 
 def print_to_pipe(text: str) -> int:
@@ -47,7 +46,7 @@ def status_command(state_dir: Path) -> int:
     """
     from dra_driver.app.kubeletwatch import REGISTRATION_STATE_FILE as REGISTRATION
     from dra_driver.app.nodestate import DRIVER_STATE_FILE
-    from dra_driver.prepare.checkpoint import CheckpointFormatError, parse, read_boot_id
+    from dra_driver.prepare import CheckpointFormatError, parse_checkpoint, read_boot_id
 
     if not state_dir.is_dir():
         print(
@@ -70,7 +69,7 @@ def status_command(state_dir: Path) -> int:
         )
         return print_to_pipe(json.dumps({**where, "claims": {}}))
     try:
-        doc = parse(path.read_bytes())
+        doc = parse_checkpoint(path.read_bytes())
     except (OSError, CheckpointFormatError) as exc:
         print(f"error: checkpoint {path} is unusable: {exc}", file=sys.stderr)
         return 2
@@ -95,8 +94,7 @@ def occupancy_command(
     """``dra-driver occupancy``: print the report
     (:func:`~dra_driver.cluster.occupancycmd.occupancy_report`); exit 2, with one line, when
     the API cannot be read."""
-    from dra_driver.cluster.occupancycmd import OccupancyError, occupancy_report
-    from dra_driver.cluster.occupancyrender import render_json, render_table
+    from dra_driver.cluster import OccupancyError, occupancy_report, render_json, render_table
 
     try:
         report = occupancy_report(kubeconfig, driver, node, plugin_selector)

@@ -16,15 +16,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from dra_driver.enforce.rules.names import (
+from dra_driver.enforce import (
     DEDICATED_NAMESPACE,
+    MpsOptions,
     daemon_pipe_dir,
     dedicated_server_name,
     namespace_name,
     server_name,
 )
-from dra_driver.enforce.rules.targets import MpsOptions
-from dra_driver.kubelet.server import SocketPaths
+from dra_driver.kubelet import SocketPaths
 from dra_driver.model.errors import UsageError
 from dra_driver.model.vocabulary import COMPUTE_MODES
 

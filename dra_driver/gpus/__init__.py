@@ -5,7 +5,9 @@ May import: model, infra."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from dra_driver.faces import lazy_face
 from dra_driver.gpus.simulated import SimulatedGpuSource, SimulatedSpecError
 from dra_driver.model.gpu import (
     MIB,
@@ -16,6 +18,9 @@ from dra_driver.model.gpu import (
     SkippedGpu,
     pre_volta_reason,
 )
+
+if TYPE_CHECKING:
+    from dra_driver.gpus.nvml import NvmlGpuSource
 
 
 def open_source(
@@ -51,14 +56,17 @@ def open_source(
 
 
 __all__ = [
-    "MIB",
     "Gpu",
     "GpuSource",
     "GpuSourceError",
     "Inventory",
+    "MIB",
+    "NvmlGpuSource",
     "SimulatedGpuSource",
     "SimulatedSpecError",
     "SkippedGpu",
     "open_source",
     "pre_volta_reason",
 ]
+
+__getattr__ = lazy_face(__name__, __file__)
