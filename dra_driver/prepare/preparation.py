@@ -9,10 +9,11 @@ and its enforcement) or absent (none of them). The orders that make it so:
 - Prepare: plan -> enforcer.apply -> CDI spec write -> checkpoint save. Killed before the
   save, a claim has no record, and start-up removes what it left.
 - Unprepare: checkpoint save without the records -> enforcer.release -> CDI spec removal.
-  Killed before the save, the claim is intact; after it, start-up removes what is left.
-- Start-up: the enforcer re-applies recorded claims and removes the enforcement of others
-  (``restore``); CDI specs without a record are removed; a recorded claim whose spec is
-  missing or lists other devices gets it rewritten.
+  Killed before the save, the claim is intact; after it, start-up removes what is left. If
+  the save fails, the records are put back and nothing is removed.
+- Start-up (:mod:`dra_driver.prepare.startup`): the enforcer re-applies recorded claims and
+  removes the enforcement of others; CDI specs without a record are removed; a recorded
+  claim whose spec is missing or lists other devices gets it rewritten.
 - Prepare of a recorded claim first re-creates what is missing (enforcement re-applied from
   the recorded plan, CDI spec rewritten), then answers from the record.
 
@@ -28,7 +29,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -47,20 +49,19 @@ from dra_driver.infra.budget import (
 from dra_driver.infra.locking import PrepareLock
 from dra_driver.infra.metrics import Metrics
 from dra_driver.model.devices import PublishedDevice
-from dra_driver.model.errors import CLAIM_ERRORS, PrepareError
+from dra_driver.model.errors import PrepareError
 from dra_driver.model.ids import validate_uid
 from dra_driver.model.plans import ClaimPlan, ClaimRef, PreparedDevice, prepared_devices
 from dra_driver.prepare.callshell import run_call
 from dra_driver.prepare.cdispecs import CdiSpecs
-from dra_driver.prepare.checkpoint import Checkpoint, CheckpointCorrupt, ClaimRecord
+from dra_driver.prepare.checkpoint import Checkpoint, ClaimRecord
 from dra_driver.prepare.claims import ClaimReader
 from dra_driver.prepare.devicenodes import check_device_nodes
 from dra_driver.prepare.overcommit import overcommit_error
 from dra_driver.prepare.plan import NO_NODE_CAPS, plan_claim
 from dra_driver.prepare.podclaims import PodClaims
 from dra_driver.prepare.reads import ClaimReads, UnpreparedLog, unread_error
-from dra_driver.prepare.renumber import follow_renumbered_gpus
-from dra_driver.prepare.unpreparation import Unpreparation
+from dra_driver.prepare.startup import load_checkpoint, reconcile
 
 log = structlog.get_logger(__name__)
 
@@ -151,63 +152,20 @@ class ClaimPreparation:
         self.unprepared_here = UnpreparedLog()
 
     def start(self) -> None:
-        """Load the checkpoint and reconcile records, enforcement and CDI specs both ways:
-        prepared claims are re-applied (and their missing specs rewritten), enforcement and
-        CDI specs of claims without a record are removed.
-
-        A corrupt checkpoint is logged as an error and kept aside; enforcement is then left
-        as it is (no restore, which would tear down the namespaces of running claims) and
-        the sweep is skipped, so running containers keep their CDI specs and MPS settings.
-        """
+        """Load the checkpoint and reconcile records, enforcement and CDI specs both ways
+        (:mod:`dra_driver.prepare.startup`; a corrupt checkpoint reconciles nothing), then hand
+        every recorded plan to ``on_prepared``."""
         with self.lock.held():
             remove_temp_files(self.cdi.root, self.checkpoint.path.parent)
-            try:
-                same_boot = self.checkpoint.load()
-                if not same_boot:
-                    log.warning(
-                        "checkpoint from an earlier boot discarded", path=str(self.checkpoint.path)
-                    )
-            except CheckpointCorrupt as exc:
-                self.metrics.errors.labels(operation="checkpoint").inc()
-                log.error(
-                    "checkpoint corrupt; starting with no prepared claims and leaving existing "
-                    "CDI specs and MPS state in place (unprepare still removes them by claim UID)",
-                    error=str(exc),
-                )
-                self.checkpoint.remember_file()
+            if not load_checkpoint(self.checkpoint, self.metrics):
                 return
-            self.checkpoint.remember_file()
             with budget.within(Budget.of(self.startup_budget)):
-                self.enforcer.restore(self.prepared_plans())
-                self._sweep()
                 current = {d.gpu.uuid: d.gpu for d in self.devices().values()}
-                follow_renumbered_gpus(self.checkpoint, self.cdi, self.enforcer, current)
-                self._rewrite_missing_specs()
+                reconcile(
+                    self.checkpoint, self.cdi, self.enforcer, current, self._answer_from_record
+                )
             for plan in self.prepared_plans():
                 self.on_prepared(plan)
-
-    def _sweep(self) -> None:
-        known = set(self.checkpoint.claims)
-        for uid in sorted(self.cdi.claim_uids() - known):
-            try:
-                validate_uid(uid)
-            except PrepareError:
-                continue
-            self.cdi.remove(uid)
-            self.enforcer.release(uid)
-            log.info("removed orphaned CDI spec", claim_uid=uid)
-
-    def _rewrite_missing_specs(self) -> None:
-        """Rewrite the spec of every recorded claim whose spec is missing or lists other
-        devices (an older version's killed Unprepare removed it before the record); a claim
-        that fails stays recorded, and the kubelet's next Prepare retries it."""
-        for uid in sorted(self.checkpoint.claims):
-            record = self.checkpoint.claims[uid]
-            if not self.cdi.lists(uid, record.devices):
-                try:
-                    self._answer_from_record(record)
-                except CLAIM_ERRORS as exc:
-                    log.warning("recorded claim not restored", claim_uid=uid, error=str(exc))
 
     def _answer_from_record(self, record: ClaimRecord) -> tuple[PreparedDevice, ...]:
         """The recorded answer, after re-creating the claim's enforcement and CDI spec from
@@ -324,7 +282,8 @@ class ClaimPreparation:
             self.checkpoint.save()
         except OSError as exc:
             for uid in fresh:
-                self._undo(uid)
+                self.checkpoint.claims.pop(uid, None)
+                self._unprepare_claim(uid)
                 results[uid] = PrepareError(
                     f"checkpoint write to {self.checkpoint.path} failed: {exc}"
                 )
@@ -332,16 +291,9 @@ class ClaimPreparation:
         for uid in fresh:
             self.on_prepared(self.checkpoint.claims[uid].plan)
 
-    def _undo(self, uid: str) -> None:
-        self.checkpoint.claims.pop(uid, None)
-        self.pod_claims.forget(uid)
-        self.cdi.remove(uid)
-        self.enforcer.release(uid)
-
     def unprepare(self, refs: Iterable[ClaimRef]) -> dict[str, str]:
-        """Unprepare each claim (unknown claims succeed); returns error text by UID ("" = ok).
-        See :class:`~dra_driver.prepare.unpreparation.Unpreparation`."""
-        results = run_call("unprepare", refs, self.call_budget, self.metrics, self._unprep().call)
+        """Unprepare each claim (unknown claims succeed); returns error text by UID ("" = ok)."""
+        results = run_call("unprepare", refs, self.call_budget, self.metrics, self._unprepare_call)
         return {uid: r or "" for uid, r in results.items()}
 
     def release_orphan(self, ref: ClaimRef, still: Callable[[], bool]) -> str | None:
@@ -355,23 +307,78 @@ class ClaimPreparation:
             confirmed.append(r.uid in self.checkpoint.claims and still())
             return confirmed[-1]
 
-        work = replace(self._unprep(), still=check)
-        result = run_call("unprepare", [ref], self.call_budget, self.metrics, work.call)[ref.uid]
+        work = partial(self._unprepare_call, still=check)
+        result = run_call("unprepare", [ref], self.call_budget, self.metrics, work)[ref.uid]
         if result:
             return result
         if confirmed and confirmed[-1]:
             return None
         return "kept: already unprepared, or found live on a last read under the prepare lock"
 
-    def _unprep(self) -> Unpreparation:
-        return Unpreparation(
-            self.lock,
-            self.checkpoint,
-            self.enforcer,
-            self.cdi,
-            self.pod_claims,
-            self.unprepared_here,
-        )
+    def _unprepare_call(
+        self, refs: list[ClaimRef], call: Budget, still: Callable[[ClaimRef], bool] | None = None
+    ) -> dict[str, None | Exception]:
+        """The claims of one Unprepare call: per claim UID None (done; unknown claims too) or
+        why it failed. The records go first, in one checkpoint write (:meth:`_forget`), then
+        each claim's enforcement and CDI spec (:meth:`_unprepare_claim`). ``still``, when
+        given, is asked under the lock whether each claim may still go (the orphan sweep's
+        last read); a claim it keeps is left as it is (result None).
+
+        Raises:
+            LockTimeout: the lock was not obtained within the call's budget.
+        """
+        results: dict[str, None | Exception] = {}
+        with budget.within(call), self.lock.held(timeout=call.remaining()):
+            self.checkpoint.reload_if_changed()
+            going = []
+            for ref in refs:
+                try:
+                    validate_uid(ref.uid)
+                except PrepareError as exc:
+                    results[ref.uid] = exc
+                    continue
+                if still is None or still(ref):
+                    going.append(ref)
+                else:
+                    results[ref.uid] = None
+            for ref in self._forget(going, results):
+                try:
+                    check_started(call, "unpreparing", f"{ref.namespace}/{ref.name}")
+                    self._unprepare_claim(ref.uid)
+                    log.info("claim unprepared", claim_uid=ref.uid, namespace=ref.namespace,
+                             name=ref.name)  # fmt: skip
+                    results[ref.uid] = None
+                except Exception as exc:  # this claim fails alone (run_call says why)
+                    results[ref.uid] = exc
+        return results
+
+    def _forget(self, refs: list[ClaimRef], results: dict[str, None | Exception]) -> list[ClaimRef]:
+        """Drop the claims' records in one checkpoint write; if it fails, put them back (those
+        claims fail, and the kubelet retries: memory never runs ahead of disk). Returns the
+        claims whose enforcement and spec may now go."""
+        removed = {
+            r.uid: record
+            for r in refs
+            if (record := self.checkpoint.claims.pop(r.uid, None)) is not None
+        }
+        if not removed:
+            return refs
+        try:
+            self.checkpoint.save()
+        except OSError as exc:
+            self.checkpoint.claims.update(removed)
+            failed = PrepareError(f"checkpoint write to {self.checkpoint.path} failed: {exc}")
+            results.update(dict.fromkeys(removed, failed))
+            return [r for r in refs if r.uid not in removed]
+        for uid in removed:
+            self.unprepared_here.add(uid)
+        return refs
+
+    def _unprepare_claim(self, uid: str) -> None:
+        """Release one claim's enforcement and remove its CDI spec (its record is gone)."""
+        self.pod_claims.forget(uid)
+        self.enforcer.release(uid)
+        self.cdi.remove(uid)
 
     def prepared_refs(self) -> list[ClaimRef]:
         """The identity of every prepared claim (safe without the lock, as
@@ -381,10 +388,8 @@ class ClaimPreparation:
         ]
 
     def prepared_plans(self) -> list[ClaimPlan]:
-        """Plans of every prepared claim (for metrics and health); safe without the lock.
-
-        ``list(dict.values())`` copies in one step under the GIL, and Prepare/Unprepare only
-        add or remove whole records, so the snapshot is consistent.
+        """Plans of every prepared claim (for metrics and health); safe without the lock:
+        ``list(dict.values())`` copies in one step under the GIL, and records come and go whole.
         """
         return [r.plan for r in list(self.checkpoint.claims.values())]
 
