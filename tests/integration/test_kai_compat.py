@@ -120,16 +120,26 @@ def cluster() -> Iterator[Cluster]:
         api = k8s_config.new_client_from_config(config_file=str(state / "kubeconfig"))
         c = Cluster(api)
         probe = pod("probe", {"gpu-fraction": "0.125"})
+        wrong = pod("probe-refused", {"gpu-fraction": "0.3"})
 
-        def translated() -> bool:
+        def in_effect() -> bool:
+            """Both policies: the mutating one translates a good pod and the validating one
+            refuses a bad one (each API server informer picks its policy up on its own; with
+            only the first checked, a loaded machine admitted the first refused pods)."""
             answer = c.create(NS, probe)
             if isinstance(answer, str):
                 return False  # the validating policy in effect before the mutating one
             c.core.delete_namespaced_pod("probe", NS, grace_period_seconds=0)
-            return bool(answer["spec"].get("resourceClaims"))
+            if not answer["spec"].get("resourceClaims"):
+                return False
+            refused = c.create(NS, wrong)
+            if not isinstance(refused, str):
+                c.core.delete_namespaced_pod("probe-refused", NS, grace_period_seconds=0)
+                return False
+            return True
 
         # in effect once the API server's policy informers have them
-        wait_for("the KAI pod policies", translated, timeout=60)
+        wait_for("the KAI pod policies", in_effect, timeout=60)
         yield c
         api.close()
     finally:
