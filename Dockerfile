@@ -3,7 +3,7 @@
 #
 #   docker build -t <registry>/gpu-fraction-dra:0.1.0 .
 #
-# The same content as `make image` (hack/build-image, i.e. devtools/buildimage.py, which needs
+# The same content as `make image` (hack/build-image, i.e. devtools/buildimage/, which needs
 # neither Docker nor a registry): the build stage runs `hack/build-image --rootfs-only`, which
 # makes the root filesystem with mmdebstrap from the Debian bookworm packages pinned in
 # devtools/image-packages.txt and adds the wheels pinned by version and sha256 in
@@ -22,7 +22,8 @@ RUN apt-get update \
 WORKDIR /src
 COPY pyproject.toml requirements-image.txt ./
 COPY hack/build-image hack/
-COPY devtools/__init__.py devtools/buildimage.py devtools/image-packages.txt devtools/
+COPY devtools/__init__.py devtools/image-packages.txt devtools/
+COPY devtools/buildimage devtools/buildimage
 COPY dra_driver ./dra_driver
 RUN python3 hack/build-image --rootfs-only /out
 

@@ -392,6 +392,63 @@ def test_umoci_options_set_the_image_configuration() -> None:
     assert "--config.user=0:0" in plugin and "--config.cmd=--help" in plugin
 
 
+# --- the Debian package cache -----------------------------------------------------------------
+
+
+def test_the_deb_cache_holds_the_pinned_versions_only(tmp_path: Path) -> None:
+    """apt's file names (``:`` of an epoch as ``%3a``) pick the pinned packages out of the cache;
+    a superseded version of a pinned package leaves it when the new one comes in."""
+    from devtools.buildimage.debian import cached_debs, keep_debs
+
+    pin = buildimage.Deb("busybox-static", "1:1.35.0-4+deb12u1+b1")
+    other = buildimage.Deb("libc6", "2.36-9+deb12u13")
+    cache, archives = tmp_path / "cache", tmp_path / "archives"
+    archives.mkdir()
+    fresh = archives / "busybox-static_1%3a1.35.0-4+deb12u1+b1_amd64.deb"
+    fresh.write_bytes(b"new")
+    (archives / "libc6_2.36-9+deb12u13_amd64.deb").write_bytes(b"libc")
+    cache.mkdir()
+    (cache / "busybox-static_1%3a1.35.0-4+deb12u0_amd64.deb").write_bytes(b"old")
+    (cache / "busybox_1%3a1.35.0-4_amd64.deb").write_bytes(b"another package")
+    keep_debs([pin], archives, cache)
+    assert sorted(p.name for p in cache.iterdir()) == [
+        "busybox-static_1%3a1.35.0-4+deb12u1+b1_amd64.deb",
+        "busybox_1%3a1.35.0-4_amd64.deb",
+    ]
+    assert [p.name for p in cached_debs([pin, other], cache)] == [fresh.name]
+    assert cached_debs([other], cache) == []
+
+
+@pytest.mark.e2e
+def test_a_second_build_takes_its_debian_packages_from_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real mmdebstrap and apt, twice over busybox's pins: the second run downloads no
+    package (apt's ``Get:`` lines name only the indexes)."""
+    from devtools.buildimage import debian
+
+    downloads: list[list[str]] = []
+    real_run = debian.run
+
+    def verbose(argv: list[str], check: bool = True, **kw: Any) -> Any:
+        if argv[0] != "mmdebstrap":
+            return real_run(argv, check=check, **kw)
+        done = real_run([argv[0], "--verbose", *argv[1:]], check=check, **kw)
+        lines = (done.stdout + done.stderr).splitlines()
+        fetched = [ln for ln in lines if ln.startswith("Get:")]
+        downloads.append([ln for ln in fetched if "InRelease" not in ln and " Packages " not in ln])
+        return done
+
+    monkeypatch.setattr(debian, "run", verbose)
+    debs = bi().parse_packages((ROOT / "devtools" / "image-packages.txt").read_text())["busybox"]
+    for n in (1, 2):
+        root = tmp_path / f"root{n}"
+        root.mkdir()
+        debian.debian_root(debs, root, tmp_path / "debs")
+    assert len(downloads[0]) == len(debs), downloads[0]
+    assert downloads[1] == []
+
+
 # --- e2e tier: the layer and archive of a tiny tree (umoci, GNU tar) -------------------------
 
 
