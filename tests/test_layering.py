@@ -310,3 +310,16 @@ def test_the_wiring_imports_other_layers_only_through_their_faces() -> None:
             if len(parts) > 2 and parts[1] not in FACELESS | {"app"}:
                 offending.append(f"{path.relative_to(root)}: {module}")
     assert offending == []
+
+
+def test_the_architecture_page_has_a_section_per_folder_and_names_files_that_exist() -> None:
+    """docs/architecture.md keeps step with the folders: one ``### <folder>`` section per layer
+    (nested ones as ``enforce/rules``), and every ``folder/file.py`` it names exists."""
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    sections = set(re.findall(r"^### (\S+)$", page, re.MULTILINE))
+    assert sections == {layer.replace(".", "/") for layer in _layers()}
+    named = set(re.findall(r"`([a-z_]+(?:/[a-z_]+)*/[a-z_]+\.py)`", page))
+    assert len(named) > 30
+    root = PACKAGE.parent
+    missing = sorted(n for n in named if not (PACKAGE / n).exists() and not (root / n).exists())
+    assert missing == []
