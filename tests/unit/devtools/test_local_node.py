@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from devtools import localnode
+from devtools.localnode import cgroups
 
 
 @pytest.fixture
@@ -22,7 +23,7 @@ def cgroup_fs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     """One fake cgroup hierarchy holding node ``n``'s pods cgroup root."""
     hierarchy = tmp_path / "memory"
     pods = hierarchy / localnode.cgroup_names("n")[0]
-    monkeypatch.setattr(localnode, "hierarchies", lambda: [hierarchy])
+    monkeypatch.setattr(cgroups, "hierarchies", lambda: [hierarchy])
     yield pods
 
 
