@@ -69,7 +69,7 @@ e2e: $(STAMP)
 # bench_api_requests (the plugin's API requests from the API server's audit log; 10 idle
 # minutes). A
 # local cluster of its own with one real node: bench_pod_start (node prerequisites first).
-CLUSTER_TOOLS := etcd kube-apiserver kube-controller-manager kube-scheduler
+CLUSTER_TOOLS := etcd kube-apiserver kube-controller-manager kube-scheduler helm
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_prepare.py

@@ -11,7 +11,8 @@ A *layout* is what the driver publishes, as three functions (a module passed as
 and optionally two more (a module without them installs no admission policy):
 
 - ``policies() -> list[dict]``: admission objects to install with the classes (the driver's
-  sizing MutatingAdmissionPolicy and its binding, :mod:`dra_driver.cluster.sizing`);
+  sizing admission policies and their bindings, rendered from the chart by
+  :mod:`devtools.chartrender`);
 - ``sized_slots(class_name: str) -> str | None``: the ``capacity.requests.slots`` the API
   server must have written into a claim of that class (None: no capacity request), checked
   with a dry-run create before a measurement (:meth:`Cluster.put_policies`).
@@ -44,15 +45,16 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
+import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
+from devtools import chartrender
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.app.readcmds import render_slices_json
-from dra_driver.cluster import build_device_classes, class_slots, sizing_policy
-from dra_driver.config import load_node_config
+from dra_driver.config import class_slots, load_node_config
 from dra_driver.enforce import detect_enforcement
 from dra_driver.gpus import Inventory
 from dra_driver.infra import logs
@@ -201,8 +203,8 @@ def device_class(name: str, expression: str) -> dict[str, Any]:
 @dataclass
 class RenderSlicesLayout:
     """The driver's own layout: slices from render-slices, classes from
-    ``dra_driver.cluster.deviceclasses``, the sizing admission policy from
-    ``dra_driver.cluster.sizing``.
+    the chart and the sizing admission policies from the chart too (:mod:`devtools.chartrender`,
+    their one source).
 
     Products model (default): a claim names only the class; the policy writes
     ``capacity.requests.slots`` (``gpu-quarter``: 2 of 8). Capacity model (a node config with
@@ -225,11 +227,17 @@ class RenderSlicesLayout:
     def slices(self, node: str, gpus: int) -> list[dict[str, Any]]:
         return rendered_slices(node, gpus, self.config)
 
+    def _config_doc(self) -> dict[str, Any] | None:
+        if self.config is None:
+            return None
+        doc: dict[str, Any] = yaml.safe_load(Path(self.config).read_text())
+        return doc
+
     def classes(self) -> list[dict[str, Any]]:
-        return build_device_classes(load_node_config(self.config))
+        return chartrender.device_classes(config=self._config_doc())
 
     def policies(self) -> list[dict[str, Any]]:
-        return sizing_policy(load_node_config(self.config))
+        return chartrender.sizing_policies(config=self._config_doc())
 
     def sized_slots(self, class_name: str) -> str | None:
         if self._capacity is not None:

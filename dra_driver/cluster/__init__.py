@@ -1,7 +1,7 @@
 """cluster: what runs off the node, against the whole cluster: the ``dra-driver occupancy``
-command (who holds which fraction of which GPU, and how much memory each uses), and the
-cluster-wide objects the chart installs beside the node's slices (the DeviceClasses and the
-sizing admission policies).
+command: who holds which fraction of which GPU, how much memory each uses, and why a pod
+waits. (The cluster-wide objects, the DeviceClasses and the sizing admission policies, are
+written once, in the chart: ``devtools/chartrender.py`` renders them for everything else.)
 May import: model, infra, config.
 """
 
@@ -12,21 +12,16 @@ from typing import TYPE_CHECKING
 from dra_driver.faces import lazy_face
 
 if TYPE_CHECKING:
-    from dra_driver.cluster.deviceclasses import build_device_classes
     from dra_driver.cluster.occupancy import gib
     from dra_driver.cluster.occupancycmd import OccupancyError, occupancy_report
     from dra_driver.cluster.occupancyrender import render_json, render_table
-    from dra_driver.cluster.sizing import class_slots, sizing_policy
 
 __all__ = [
     "OccupancyError",
-    "build_device_classes",
-    "class_slots",
     "gib",
     "occupancy_report",
     "render_json",
     "render_table",
-    "sizing_policy",
 ]
 
 __getattr__ = lazy_face(__name__, __file__)

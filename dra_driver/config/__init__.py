@@ -10,10 +10,12 @@ from dra_driver.faces import lazy_face
 
 if TYPE_CHECKING:
     from dra_driver.config.caps import CapPolicy
+    from dra_driver.config.classnames import class_slots
     from dra_driver.config.load import load_node_config
     from dra_driver.config.node import NodeConfig, warn_unmatched_selectors
 
 __all__ = [
+    "class_slots",
     "CapPolicy",
     "NodeConfig",
     "load_node_config",

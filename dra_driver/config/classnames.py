@@ -1,16 +1,21 @@
 """Names derived from the driver's vocabulary (pure): DeviceClass names (``gpu-quarter``,
 ``gpu-quarter-sm-sharing``, ``gpu-memory``), extended-resource names and label values.
 
-Pure: the DeviceClasses (:mod:`dra_driver.cluster.deviceclasses`), the sizing admission policy
-(:mod:`dra_driver.cluster.sizing`) and the ResourceSlices (:mod:`dra_driver.publish.slices`) share
-these names.
+Pure: the ResourceSlices (:mod:`dra_driver.publish.slices`), the occupancy command and the
+chart's DeviceClasses and sizing policies (``deployments/helm/gpu-fraction-dra/templates``,
+the objects' one source) share these names; a test holds the chart to them.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from dra_driver.model.vocabulary import COMPUTE_MODES, ComputeMode
+
+if TYPE_CHECKING:
+    from dra_driver.config.node import NodeConfig
 
 DEFAULT_COMPUTE_MODE = ComputeMode.TIME_SLICING
 """The mode whose classes carry no mode suffix (``gpu-quarter``)."""
@@ -63,3 +68,13 @@ def product_name_problem(name: str) -> str | None:
             "would be named like another product's (or the capacity model's) class in that mode"
         )
     return None
+
+
+def class_slots(config: NodeConfig, compute_modes: Sequence[str] = COMPUTE_MODES) -> dict[str, int]:
+    """Product class name -> the slots its claims consume (``portion * slotsPerGpu``): what the
+    chart's sizing policy writes into each claim of the class."""
+    return {
+        device_class_name(p.name, mode): int(p.portion * config.slots)
+        for p in config.all_products()
+        for mode in compute_modes
+    }

@@ -23,9 +23,11 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from devtools import localinstall
-from dra_driver.cluster.sizing import SCHEDULER_USER, sizing_policy
+from devtools.chartrender import sizing_policies
 from dra_driver.config.node import GpuConfig, NodeConfig
 
+SCHEDULER_USER = "system:kube-scheduler"
+"""Who kube-scheduler is to the API server (the chart value ``policies.schedulerUser``)."""
 pytest.register_assert_rewrite("plugin_fixtures")
 from plugin_fixtures import (  # noqa: E402
     CLASS_LIMITS,
@@ -517,7 +519,7 @@ def extended_resources_off(e2e: E2E) -> Iterator[None]:
     class has an extended resource name), put back afterwards."""
     vaps = k8s.AdmissionregistrationV1Api(e2e.api)
     session = raw(vaps.read_validating_admission_policy(SIZES_POLICY, _preload_content=False))
-    off = next(o for o in sizing_policy(NodeConfig()) if o["kind"] == "ValidatingAdmissionPolicy")
+    off = next(o for o in sizing_policies() if o["kind"] == "ValidatingAdmissionPolicy")
 
     def swap(spec: dict[str, Any], admitted: bool) -> None:
         current = raw(vaps.read_validating_admission_policy(SIZES_POLICY, _preload_content=False))

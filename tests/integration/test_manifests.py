@@ -3,8 +3,10 @@
 - every manifest, example and every object the chart renders passes the Kubernetes 1.37
   OpenAPI schemas (strict: no unknown fields);
 - ``helm lint`` passes and ``manifests/*.yaml`` are exactly the chart's default rendering;
-- the chart's DeviceClasses equal ``dra_driver.cluster.deviceclasses`` and its node configuration
-  parses with ``dra_driver.config.node``; the DaemonSet's arguments parse with the real CLI;
+- the chart is the one source of the DeviceClasses and sizing policies: ``manifests/deviceclasses``
+  is its rendering (``hack/render-deviceclasses``), its class names and slots are those of
+  ``dra_driver.config.classnames``, and its node configuration parses with
+  ``dra_driver.config.node``; the DaemonSet's arguments parse with the real CLI;
 - examples agree with ``dra_driver.config.params`` (valid ones parse, invalid ones are rejected);
 - the Dockerfile builds the image with hack/build-image (pinned inputs).
 
@@ -32,14 +34,21 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from devtools import chartrender
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.app.args import build_parser as _parser
-from dra_driver.cluster.deviceclasses import build_device_classes
-from dra_driver.cluster.sizing import sizing_policy
+from dra_driver.config import class_slots
+from dra_driver.config.classnames import device_class_name
 from dra_driver.config.load import load_node_config, parse_node_config_text
 from dra_driver.config.node import NodeConfig, default_node_config
-from dra_driver.config.params import ParameterError, parse_parameters
-from tests.support import k8sschema
+from dra_driver.config.params import (
+    PARAMS_API_VERSION,
+    PARAMS_KIND,
+    ParameterError,
+    parse_parameters,
+)
+from dra_driver.model.vocabulary import COMPUTE_MODES
+from tests.support import chartobjects, k8sschema
 from tests.support.paths import REPO
 
 ROOT = REPO
@@ -451,34 +460,42 @@ def shipped_deviceclass_dir() -> list[dict[str, Any]]:
     return [d for p in sorted((MANIFESTS / "deviceclasses").glob("*.yaml")) for d in file_docs(p)]
 
 
-def test_chart_deviceclasses_equal_the_generated_ones() -> None:
+def class_names(
+    config: NodeConfig, modes: tuple[str, ...] = COMPUTE_MODES, capacity: bool = True
+) -> set[str]:
+    """The class names the Python side (slices, occupancy) expects for ``config``'s products in
+    ``modes``, and the capacity classes."""
+    names = {device_class_name(p.name, m) for p in config.all_products() for m in modes}
+    return names | ({device_class_name(None, m) for m in modes} if capacity else set())
+
+
+def test_shipped_deviceclasses_are_the_charts_rendering() -> None:
+    """The chart is the one source of the classes and sizing policies; the plain manifests are
+    its rendering (``hack/render-deviceclasses``), named as the Python side names them."""
+    assert chartrender.main(["--check", str(MANIFESTS / "deviceclasses")]) == 0
     chart = canonical(of_kind(rendered_objects(), "DeviceClass"))
-    assert chart == canonical(build_device_classes())
     assert chart == canonical(of_kind(shipped_deviceclass_dir(), "DeviceClass"))
+    assert set(chart) == class_names(default_node_config())
 
 
-@pytest.mark.parametrize(
-    "kind",
-    [
-        "MutatingAdmissionPolicy",
-        "MutatingAdmissionPolicyBinding",
-        "ValidatingAdmissionPolicy",
-        "ValidatingAdmissionPolicyBinding",
-    ],
-)
+def test_the_unit_tests_chart_classes_are_fresh() -> None:
+    """``tests/data/deviceclasses-extended.yaml`` is what the chart renders now."""
+    assert chartobjects.EXTENDED.read_text() == chartobjects.render_extended()
+
+
 @pytest.mark.parametrize("variant", ["defaults", "extended"])
-def test_chart_sizing_policy_equals_the_generated_one(kind: str, variant: str) -> None:
-    """The product classes need the sizing policies (dra_driver.cluster.sizing): the chart and
-    ``manifests/deviceclasses/`` install the same ones."""
+def test_the_sizing_policy_writes_each_class_its_products_slots(variant: str) -> None:
+    """The mutating policy's table of slots is ``portion * slotsPerGpu`` per product class
+    (:func:`dra_driver.config.class_slots`), in both policies; with extended resources the
+    validating one lets the scheduler create claims of exactly those classes."""
     extended = variant == "extended"
-    [generated] = of_kind(sizing_policy(NodeConfig(extended_resources=extended)), kind)
     args = ["--set", "extendedResources.enabled=true"] if extended else []
-    name = generated["metadata"]["name"]
-    chart = [o for o in of_kind(rendered_objects(*args), kind) if o["metadata"]["name"] == name]
-    assert chart == [generated]
-    if not extended:
-        shipped = of_kind(shipped_deviceclass_dir(), kind)
-        assert [o for o in shipped if o["metadata"]["name"] == name] == [generated]
+    objs = rendered_objects(*args)
+    want = class_slots(NodeConfig(extended_resources=extended))
+    for kind in ("MutatingAdmissionPolicy", "ValidatingAdmissionPolicy"):
+        (sizing,) = [o for o in of_kind(objs, kind) if "product-sizes" in o["metadata"]["name"]]
+        (table,) = [v["expression"] for v in sizing["spec"]["variables"] if v["name"] == "slots"]
+        assert json.loads(table) == want
 
 
 def configmap_config(objs: list[dict[str, Any]]) -> str:
@@ -507,15 +524,21 @@ def test_node_config_example_through_chart_values(tmp_path: Path) -> None:
     objs = rendered_objects("-f", str(values_file))
     config = parse_node_config_text(configmap_config(objs))
     assert config == load_node_config(str(example_path))
-    classes = build_device_classes(config, driver="gpu.example.org", compute_modes=["time-slicing"])
-    assert canonical(of_kind(objs, "DeviceClass")) == canonical(classes)
-    assert "gpu-sixteenth" in canonical(classes)
+    classes = canonical(of_kind(objs, "DeviceClass"))
+    assert set(classes) == class_names(config, ("time-slicing",))
+    assert "gpu-sixteenth" in classes
+    rendered = chartrender.device_classes(
+        config=example | {"products": values["products"]},
+        driver="gpu.example.org",
+        compute_modes=["time-slicing"],
+    )
+    assert canonical(rendered) == classes, "chartrender maps a node configuration to these values"
 
 
 def test_deviceclasses_follow_enabled_models() -> None:
     objs = rendered_objects("--set-json", 'fractionModels=["products"]')
-    classes = build_device_classes(include_capacity=False)
-    assert canonical(of_kind(objs, "DeviceClass")) == canonical(classes)
+    classes = canonical(of_kind(objs, "DeviceClass"))
+    assert set(classes) == class_names(default_node_config(), capacity=False)
     objs = rendered_objects(
         "--set-json",
         'fractionModels=["capacity"]',
@@ -826,9 +849,12 @@ def test_class_limits_reach_the_classes_and_the_policy() -> None:
         "gpu-memory": {"maxMemoryLimit": "40Gi", "maxActiveThreadPercentage": 50},
     }
     objs = rendered_objects("--set-json", f"classLimits={json.dumps(limits)}")
-    assert canonical(of_kind(objs, "DeviceClass")) == canonical(
-        build_device_classes(class_limits=limits)
-    )
+    classes = canonical(of_kind(objs, "DeviceClass"))
+    for name, caps in limits.items():
+        (config,) = classes[name]["spec"]["config"]
+        parameters = config["opaque"]["parameters"]
+        assert parameters == {"apiVersion": PARAMS_API_VERSION, "kind": PARAMS_KIND, **caps}
+    assert "config" not in classes["gpu-quarter"]["spec"]
     variables = {
         x["name"]: x["expression"] for x in policy(objs, "claim-parameters")["spec"]["variables"]
     }
@@ -847,7 +873,7 @@ def test_tenant_quotas_list_every_class_at_zero_unless_granted() -> None:
         "--set",
         "tenants.createNamespaces=true",
     )
-    classes = {c["metadata"]["name"] for c in build_device_classes()}
+    classes = class_names(default_node_config())
     quotas = {q["metadata"]["namespace"]: q["spec"]["hard"] for q in of_kind(objs, "ResourceQuota")}
     assert set(quotas) == {"team-a", "team-b"}
     for ns, hard in quotas.items():
@@ -904,7 +930,7 @@ def test_the_charts_tenant_quota_is_the_one_its_policy_requires() -> None:
 
 
 def test_examples_use_existing_classes_and_valid_parameters() -> None:
-    classes = set(canonical(build_device_classes()))
+    classes = class_names(default_node_config())
     for path in example_files():
         objs = file_docs(path)
         classes |= {o["metadata"]["name"] for o in of_kind(objs, "DeviceClass")}

@@ -20,9 +20,8 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes import dynamic
 
+from devtools import chartrender
 from dra_driver import DEFAULT_DRIVER_NAME as DRIVER
-from dra_driver.cluster.deviceclasses import build_device_classes
-from dra_driver.cluster.sizing import sizing_policy
 from dra_driver.config.node import default_node_config
 from dra_driver.gpus import SimulatedGpuSource
 from dra_driver.publish.slices import build_slices
@@ -101,7 +100,7 @@ def install(api: k8s.ApiClient) -> None:
     tiers = {g.uuid: "hard" for g in inventory.gpus}
     for obj in build_slices(inventory, default_node_config(), DRIVER, NODE, enforcement=tiers):
         create(api, obj)
-    for obj in [*build_device_classes(), *sizing_policy()]:
+    for obj in chartrender.render(chartrender.chart_values()):
         create(api, obj)
     create(api, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
     core = k8s.CoreV1Api(api)

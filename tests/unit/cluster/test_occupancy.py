@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from dra_driver import DEFAULT_DRIVER_NAME as DRIVER
-from dra_driver.cluster.deviceclasses import build_device_classes
 from dra_driver.cluster.occupancy import Cluster
 from dra_driver.cluster.occupancyrender import render_json, render_table
 from dra_driver.cluster.occupancywait import (
@@ -30,6 +29,7 @@ from dra_driver.publish.devicetaints import GPU_LOST, DeviceTaint, taint_key
 from dra_driver.publish.offer import offered_devices
 from dra_driver.publish.slices import build_slices
 from tests.support import claimfactory as cf
+from tests.support.chartobjects import extended_classes, shipped_classes
 from tests.support.node import MIXED_CONFIG, share_result
 
 GPUS = "simulated:H200x2"
@@ -149,7 +149,7 @@ def busy_cluster(**extra: Any) -> Cluster:
     fields: dict[str, Any] = {
         "slices": slices("node-a"),
         "claims": claims,
-        "classes": build_device_classes(extended_resources_config()),
+        "classes": extended_classes(),
         "nodes": [node("node-a")],
     }
     for key, value in extra.items():
@@ -441,7 +441,7 @@ def test_capacity_request_without_memory_is_sized_at_the_published_default() -> 
     cluster = Cluster(
         slices=published,
         claims=claims,
-        classes=build_device_classes(parse_node_config(CAPACITY_SM_CONFIG)),
+        classes=shipped_classes(),  # classes depend on products and modes only
         pods=[pending_pod("w", claims={"gpu": "new"})],
         nodes=[node("node-a")],
     )

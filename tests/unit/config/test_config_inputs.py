@@ -6,10 +6,10 @@ from collections import Counter
 
 import pytest
 
-from dra_driver.cluster.deviceclasses import build_device_classes
-from dra_driver.cluster.sizing import class_slots
+from dra_driver.config.classnames import class_slots, device_class_name
 from dra_driver.config.load import ConfigError, parse_node_config, parse_node_config_text
 from dra_driver.gpus import SimulatedGpuSource
+from dra_driver.model.vocabulary import COMPUTE_MODES
 from dra_driver.publish.slices import build_slices
 
 HEAD = "apiVersion: gpu-fraction.dra.dev/v1alpha1\nkind: NodeConfig\n"
@@ -63,7 +63,11 @@ def test_product_names_cannot_make_two_device_classes_of_one_name(
         config = parse_node_config(_config(*products))
     except ConfigError:
         return
-    names = Counter(c["metadata"]["name"] for c in build_device_classes(config))
+    names = Counter(
+        device_class_name(product, mode)
+        for product in [*(p.name for p in config.all_products()), None]
+        for mode in COMPUTE_MODES
+    )
     assert not [n for n, k in names.items() if k > 1], names
     # and the sizing policy's table must not size the capacity class
     assert "gpu-memory-sm-sharing" not in class_slots(config)

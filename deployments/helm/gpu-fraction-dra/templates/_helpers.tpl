@@ -32,7 +32,7 @@
 {{- end -}}
 
 {{/* Labels of every namespaced and cluster-scoped object except the DeviceClasses, which
-     carry exactly the labels dra_driver/cluster/deviceclasses.py gives them. */}}
+     carry only their own labels (templates/deviceclasses.yaml). */}}
 {{- define "gfd.labels" -}}
 app.kubernetes.io/name: {{ include "gfd.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
@@ -54,7 +54,7 @@ app.kubernetes.io/component: kubelet-plugin
 {{- end -}}
 {{- end -}}
 
-{{/* The driver name as a label value (as dra_driver.cluster.deviceclasses._label_value). */}}
+{{/* The driver name as a label value (as dra_driver.config.classnames.label_value). */}}
 {{- define "gfd.driverLabel" -}}
 {{- regexReplaceAll "[^A-Za-z0-9_.-]" .Values.driverName "-" | trunc 63 | trimAll "-_." | default "dra-driver" -}}
 {{- end -}}

@@ -1,5 +1,6 @@
-"""DeviceClasses: shipped manifests equal the generated ones, validity, and that each class
-selects exactly the published devices it is named for."""
+"""The chart's DeviceClasses (rendered by devtools/chartrender.py, their one source): valid,
+named as the slices' side names them, and each selects exactly the published devices it is
+named for; hack/render-deviceclasses writes and checks a directory of them."""
 
 from __future__ import annotations
 
@@ -11,21 +12,17 @@ from typing import Any
 import pytest
 import yaml
 
+from devtools import chartrender
+from devtools.chartrender import POLICY_FILE, device_classes, main, sizing_policies
 from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.cluster.deviceclasses import (
-    POLICY_FILE,
-    build_device_classes,
-    default_device_class_files,
-    main,
-)
-from dra_driver.cluster.sizing import sizing_policy
 from dra_driver.config.classnames import device_class_name
-from dra_driver.config.load import load_node_config
-from dra_driver.config.node import GpuOverride, GpuSelector, NodeConfig
+from dra_driver.config.load import parse_node_config
 from dra_driver.gpus import SimulatedGpuSource
 from dra_driver.publish.slices import build_slices, slice_devices
 from tests.support import k8sschema
 from tests.support.paths import REPO
+
+pytestmark = pytest.mark.integration
 
 ROOT = REPO
 SHIPPED = ROOT / "manifests" / "deviceclasses"
@@ -76,17 +73,13 @@ def evaluate(expression: str, device: Mapping[str, Any], driver: str) -> bool:
     return True
 
 
-def test_shipped_yaml_equals_generated() -> None:
-    files = default_device_class_files()
-    assert POLICY_FILE in files
-    assert sorted(p.name for p in SHIPPED.glob("*.yaml")) == sorted(files)
-    for name, text in files.items():
-        assert (SHIPPED / name).read_text() == text, f"{name} drifted: regenerate it"
-    assert main(["--check", str(SHIPPED)]) == 0
+def example() -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    return doc
 
 
 def test_default_class_names() -> None:
-    names = [c["metadata"]["name"] for c in build_device_classes()]
+    names = [c["metadata"]["name"] for c in device_classes()]
     assert names == [
         "gpu-eighth",
         "gpu-eighth-sm-sharing",
@@ -101,30 +94,22 @@ def test_default_class_names() -> None:
     ]
 
 
-def test_classes_are_valid() -> None:
-    config = load_node_config(str(EXAMPLE))
-    for c in build_device_classes(config) + build_device_classes(driver="gpu.example.com"):
-        k8sschema.validate(c)
+def test_classes_and_policies_are_valid() -> None:
+    objects = chartrender.render(chartrender.chart_values(example()))
+    objects += chartrender.render(chartrender.chart_values(driver="gpu.example.com"))
+    for obj in objects:
+        k8sschema.validate(obj)
+    for c in (o for o in objects if o["kind"] == "DeviceClass"):
         name = c["metadata"]["name"]
         assert DNS_LABEL.match(name) and len(name) <= 63
-    longest = device_class_name("x" * 40, "sm-sharing")
-    assert len(longest) <= 63
-
-
-def test_shipped_files_parse_as_the_classes_and_the_sizing_policy() -> None:
-    for c in build_device_classes():
-        shipped = yaml.safe_load((SHIPPED / f"{c['metadata']['name']}.yaml").read_text())
-        assert shipped == c
-    policy = list(yaml.safe_load_all((SHIPPED / POLICY_FILE).read_text()))
-    assert policy == sizing_policy()
-    assert [d["kind"] for d in policy] == [
+    assert [d["kind"] for d in sizing_policies()] == [
         "MutatingAdmissionPolicy",
         "MutatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
     ]
-    for obj in policy:
-        k8sschema.validate(obj)
+    longest = device_class_name("x" * 40, "sm-sharing")
+    assert len(longest) <= 63
 
 
 def _selects(product_attribute: str | None, class_product: str | None) -> bool:
@@ -139,19 +124,23 @@ def _selects(product_attribute: str | None, class_product: str | None) -> bool:
 @pytest.mark.parametrize("extended", [False, True], ids=["shared", "extended-resources"])
 def test_each_class_selects_exactly_its_devices(extended: bool) -> None:
     driver = DEFAULT_DRIVER_NAME
-    config = NodeConfig(
-        gpus=(
-            GpuOverride(GpuSelector(index=1), compute_mode="sm-sharing"),
-            GpuOverride(GpuSelector(index=2), fraction_model="capacity"),
-            GpuOverride(GpuSelector(index=3), fraction_model="capacity", compute_mode="sm-sharing"),
-        ),
-        extended_resources=extended,
-    )
+    doc = {
+        "apiVersion": "gpu-fraction.dra.dev/v1alpha1",
+        "kind": "NodeConfig",
+        "gpus": [
+            {"selector": {"index": 1}, "computeMode": "sm-sharing"},
+            {"selector": {"index": 2}, "fractionModel": "capacity"},
+            {"selector": {"index": 3}, "fractionModel": "capacity", "computeMode": "sm-sharing"},
+        ],
+        "extendedResources": extended,
+    }
+    config = parse_node_config(doc)
     inv = SimulatedGpuSource("simulated:H200x2,L4x2", seed="n").discover()
     devices = slice_devices(build_slices(inv, config, driver, "n"))
     # plus a device of another driver that happens to have similar attributes
     foreign = {"name": "x", "attributes": {"product": {"string": "quarter"}}}
-    for c in build_device_classes(config, driver):
+    classes = device_classes(config=doc, driver=driver)
+    for c in classes:
         expression = c["spec"]["selectors"][0]["cel"]["expression"]
         labels = c["metadata"]["labels"]
         selected = {d["name"] for d in devices if evaluate(expression, d, driver)}
@@ -173,7 +162,7 @@ def test_each_class_selects_exactly_its_devices(extended: bool) -> None:
             for d in devices
             if evaluate(c["spec"]["selectors"][0]["cel"]["expression"], d, driver)
         )
-        for c in build_device_classes(config, driver)
+        for c in classes
     }
     # GPU 0: auto (both modes), GPU 1: sm-sharing, GPU 2: capacity auto, GPU 3: capacity sm.
     assert by_class["gpu-quarter"] == sorted(
@@ -188,8 +177,9 @@ def test_each_class_selects_exactly_its_devices(extended: bool) -> None:
 
 
 def test_custom_products_and_modes() -> None:
-    config = load_node_config(str(EXAMPLE))
-    classes = build_device_classes(config, compute_modes=["sm-sharing"], include_capacity=False)
+    classes = device_classes(
+        config=example(), compute_modes=["sm-sharing"], fraction_models=["products"]
+    )
     assert [c["metadata"]["name"] for c in classes] == [
         "gpu-eighth-sm-sharing",
         "gpu-quarter-sm-sharing",
@@ -197,15 +187,15 @@ def test_custom_products_and_modes() -> None:
         "gpu-full-sm-sharing",
         "gpu-sixteenth-sm-sharing",
     ]
-    with pytest.raises(ValueError, match="unknown compute mode"):
-        build_device_classes(compute_modes=["exclusive"])
+    with pytest.raises(chartrender.RenderError, match="computeModes"):
+        device_classes(compute_modes=["exclusive"])
 
 
 def test_main_write_and_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--write", str(tmp_path), "--config", str(EXAMPLE)]) == 0
     assert (tmp_path / "gpu-sixteenth.yaml").exists()
     written = list(yaml.safe_load_all((tmp_path / POLICY_FILE).read_text()))
-    assert written == sizing_policy(load_node_config(str(EXAMPLE)))
+    assert written == sizing_policies(config=example())
     assert "gpu-sixteenth" in written[0]["spec"]["variables"][0]["expression"]
     assert main(["--check", str(tmp_path), "--config", str(EXAMPLE)]) == 0
     (tmp_path / "gpu-half.yaml").write_text("changed\n")
@@ -214,8 +204,11 @@ def test_main_write_and_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert main(["--check", str(tmp_path), "--config", str(EXAMPLE)]) == 1
     err = capsys.readouterr().err
     assert "gpu-half.yaml" in err and "gpu-extra.yaml" in err and POLICY_FILE in err
+    assert main(["--write", str(tmp_path)]) == 0
+    assert not (tmp_path / "gpu-sixteenth.yaml").exists(), "a class that went is removed"
     assert main([]) == 0
     stream = list(yaml.safe_load_all(capsys.readouterr().out))
     assert [(d["kind"], d["metadata"]["name"]) for d in stream] == [
-        ("DeviceClass", c["metadata"]["name"]) for c in build_device_classes()
-    ] + [(d["kind"], d["metadata"]["name"]) for d in sizing_policy()]
+        (d["kind"], d["metadata"]["name"]) for d in chartrender.render(chartrender.chart_values())
+    ]
+    assert main(["--config", str(tmp_path / "missing.yaml")]) == 2
