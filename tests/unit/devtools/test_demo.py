@@ -15,7 +15,7 @@ from dra_driver.config.load import parse_node_config
 from dra_driver.gpus import SimulatedGpuSource
 from dra_driver.publish.slices import build_slices
 
-DEMO = Path(__file__).resolve().parents[3] / "devtools" / "demo.py"
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _demo() -> ModuleType:
@@ -100,7 +100,7 @@ def test_a_probe_kept_its_server_only_if_every_later_line_is_attached_to_it() ->
 def test_demo_workloads_use_the_images_make_image_builds() -> None:
     """The demo's pods run images imported into the node, never pulled: their references must
     be the ones hack/build-image writes (a version bump would leave the pods ErrImageNeverPull)."""
-    root = DEMO.parents[1]
+    root = REPO
     built = {
         subprocess.run(
             [sys.executable, str(root / "hack" / "build-image"), "--print-ref", image],
