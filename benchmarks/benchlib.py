@@ -51,15 +51,17 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from devtools import chartrender
-from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.app.readcmds import render_slices_json
-from dra_driver.config import class_slots, load_node_config
-from dra_driver.enforce import detect_enforcement
-from dra_driver.gpus import Inventory
-from dra_driver.infra import logs
-
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # devtools: the chart's rendering
+
+from devtools import chartrender  # noqa: E402
+from dra_driver import DEFAULT_DRIVER_NAME  # noqa: E402
+from dra_driver.app.readcmds import render_slices_json  # noqa: E402
+from dra_driver.config import class_slots, load_node_config  # noqa: E402
+from dra_driver.enforce import detect_enforcement  # noqa: E402
+from dra_driver.gpus import Inventory  # noqa: E402
+from dra_driver.infra import logs  # noqa: E402
+
 DRIVER = DEFAULT_DRIVER_NAME
 RUN_LABEL = "bench.dra.dev/run"
 POLICY_LABEL = "bench.dra.dev/policy"
