@@ -32,6 +32,7 @@ import yaml
 
 from devtools.localinstall import BIN, CHART
 from dra_driver import DEFAULT_DRIVER_NAME
+from dra_driver.config import API_VERSION, KIND, ConfigError, parse_node_config
 
 TEMPLATES = ("templates/deviceclasses.yaml", "templates/product-sizes.yaml")
 RELEASE = "gpu-fraction-dra"
@@ -43,6 +44,7 @@ HEADER = (
 POLICY_FILE = "product-sizes.yaml"
 """The file of the sizing policies and their bindings (the other files: one class each)."""
 OWN_VALUES = ("products", "slotsPerGpu")
+BASE_DOC = {"apiVersion": API_VERSION, "kind": KIND}
 
 
 class RenderError(Exception):
@@ -64,12 +66,19 @@ def chart_values(
     """The chart values that render the objects of node configuration ``config`` (the parsed
     document; None: the chart's defaults) for ``driver``; ``compute_modes`` and
     ``fraction_models`` (None: the chart's, all of them) choose which classes exist,
-    ``class_limits`` (class name -> caps) is the chart value ``classLimits``."""
+    ``class_limits`` (class name -> caps) is the chart value ``classLimits``.
+
+    Raises:
+        ConfigError: ``config`` is no valid node configuration (as the plugin would refuse
+            it: an unknown key, a wrong type), so that nothing is rendered from a typo.
+    """
     doc = {k: v for k, v in (config or {}).items() if k not in ("apiVersion", "kind")}
+    parsed = parse_node_config({**BASE_DOC, **doc}) if config is not None else None
     values: dict[str, Any] = {"driverName": driver}
     values |= {key: doc.pop(key) for key in OWN_VALUES if key in doc}
-    if "extendedResources" in doc:
-        values["extendedResources"] = {"enabled": bool(doc.pop("extendedResources"))}
+    if "extendedResources" in doc and parsed is not None:
+        doc.pop("extendedResources")
+        values["extendedResources"] = {"enabled": parsed.extended_resources}
     if doc:
         values["nodeConfig"] = doc
     if compute_modes is not None:
@@ -141,14 +150,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = yaml.safe_load(Path(args.config).read_text()) if args.config else None
+        if config is not None and not isinstance(config, dict):
+            raise ConfigError(f"{args.config}: not a mapping (a NodeConfig document)")
         files = manifest_files(render(chart_values(config, args.driver)))
-    except (RenderError, OSError, yaml.YAMLError) as exc:
+    except (ConfigError, RenderError, OSError, yaml.YAMLError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.write:
         args.write.mkdir(parents=True, exist_ok=True)
-        for old in args.write.glob("*.yaml"):
-            if old.name not in files:
+        for old in args.write.glob("*.yaml"):  # ours only: a file this command wrote before
+            if old.name not in files and old.read_text().startswith(HEADER):
                 old.unlink()
         for name, text in files.items():
             (args.write / name).write_text(text)

@@ -4,7 +4,8 @@ command or program that needs one module of a layer (the MPS node service, ``ren
 does not load the rest (the Kubernetes client, protobuf).
 
 A layer's ``__init__.py`` lists its face once, as imports under ``if TYPE_CHECKING:`` (what
-type checkers read) with the same names in ``__all__``, and sets
+type checkers read; ``from dra_driver.infra import logs`` puts a whole module in the face) with
+the same names in ``__all__``, and sets
 ``__getattr__ = lazy_face(__name__, __file__)``; the first look-up of a name reads that block
 (Python docs, "Customizing module attribute access", PEP 562). ``tests/test_layering.py``
 checks that every name in ``__all__`` loads and that ``app/``, ``devtools/`` and
@@ -44,6 +45,8 @@ def lazy_face(package: str, init_file: str) -> Callable[[str], object]:
         if source is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         module, original = source
+        if module == package:  # a submodule of the layer, in the face as a whole
+            return importlib.import_module(f"{package}.{original}")
         return getattr(importlib.import_module(module), original)
 
     return __getattr__

@@ -305,11 +305,27 @@ def test_the_wiring_imports_other_layers_only_through_their_faces() -> None:
     files += [*(root / "benchmarks").rglob("*.py")]
     offending = []
     for path in files:
-        for module, _ in _project_imports(path):
+        for module, names in _project_imports(path):
             parts = module.split(".")
-            if len(parts) > 2 and parts[1] not in FACELESS | {"app"}:
+            if len(parts) < 2 or parts[1] in FACELESS | {"app"}:
+                continue
+            if len(parts) > 2:
                 offending.append(f"{path.relative_to(root)}: {module}")
+                continue
+            face = importlib.import_module(module).__all__
+            offending += [f"{path.relative_to(root)}: {module}.{n}" for n in names if n not in face]
     assert offending == []
+
+
+def test_no_module_imports_relatively() -> None:
+    """Every project import names its module in full, which the checks above read."""
+    relative = [
+        f"{name}:{node.lineno}"
+        for name, path in _sources().items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.level > 0
+    ]
+    assert relative == []
 
 
 def test_the_architecture_page_has_a_section_per_folder_and_names_files_that_exist() -> None:

@@ -17,7 +17,7 @@ from devtools.demo.steps import run_demo
 
 def main() -> int:
     doc = importlib.import_module("devtools.demo").__doc__ or "demo"
-    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="hack/demo", description=doc.splitlines()[0])
     parser.add_argument("--keep-cluster", action="store_true", help="leave the cluster running")
     args = parser.parse_args()
 

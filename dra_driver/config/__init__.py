@@ -11,10 +11,14 @@ from dra_driver.faces import lazy_face
 if TYPE_CHECKING:
     from dra_driver.config.caps import CapPolicy
     from dra_driver.config.classnames import class_slots
-    from dra_driver.config.load import load_node_config
-    from dra_driver.config.node import NodeConfig, warn_unmatched_selectors
+    from dra_driver.config.load import ConfigError, load_node_config, parse_node_config
+    from dra_driver.config.node import API_VERSION, KIND, NodeConfig, warn_unmatched_selectors
 
 __all__ = [
+    "API_VERSION",
+    "ConfigError",
+    "KIND",
+    "parse_node_config",
     "class_slots",
     "CapPolicy",
     "NodeConfig",

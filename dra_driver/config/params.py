@@ -20,7 +20,7 @@ Every field is optional. Class configs apply first, then claim configs; a later 
 overrides the fields it sets (Kubernetes DRA: "the later wins"), except the ``max*`` caps:
 every config may lower a cap, none may raise one (the smallest wins), so a tenant's claim
 cannot undo its class's caps. How caps are resolved against the node's defaults:
-:func:`dra_driver.model.plans.memory_ceiling_cap`.
+:func:`dra_driver.config.caps.memory_ceiling_cap`.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from dra_driver.model.gpu import (
 )
 
 if TYPE_CHECKING:
+    from dra_driver.gpus import simnode
     from dra_driver.gpus.nvml import NvmlGpuSource
 
 
@@ -56,6 +57,7 @@ def open_source(
 
 
 __all__ = [
+    "simnode",
     "Gpu",
     "GpuSource",
     "GpuSourceError",

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from dra_driver.faces import lazy_face
 
 if TYPE_CHECKING:
+    from dra_driver.infra import budget, logs
     from dra_driver.infra.atomicfile import private_dir, record_state, write_atomic
     from dra_driver.infra.budget import (
         CLIENT_CHECK_BUDGET_S,
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
     from dra_driver.infra.runner import SubprocessRunner
 
 __all__ = [
+    "logs",
+    "budget",
     "ApiClient",
     "Budget",
     "CLIENT_CHECK_BUDGET_S",

@@ -3,7 +3,7 @@
 Spec kind is ``<vendor>/claim``; each allocated device becomes one CDI device named
 ``claim-<claimUID>-<device>[-<shareID>]`` so a runtime never reuses a stale cached spec.
 Files are ``<cdi-root>/<vendor>-claim_<claimUID>.json`` (the CDI transient-spec naming),
-written and removed by :mod:`dra_driver.prepare.cdifiles`.
+written and removed by :mod:`dra_driver.prepare.cdispecs`.
 Rules per the CDI spec (github.com/cncf-tags/container-device-interface, SPEC.md and
 specs-go/version.go): the lowest ``cdiVersion`` whose features the spec uses.
 """

@@ -250,7 +250,7 @@ def kube(control_plane: Any) -> k8s.ApiClient:
 
 def driver_values(control_plane: Any) -> dict[str, Any]:
     """Chart values of the session's install: the local cluster's (image, API server address,
-    host network, no metrics ports; see hack/localinstall.py), simulated GPUs laid out by
+    host network, no metrics ports; see devtools/localinstall.py), simulated GPUs laid out by
     :data:`NODE_CONFIG`, and only the e2e nodes (the plain manifests that test_e2e_install
     applies must not land there)."""
     return {

@@ -204,8 +204,10 @@ def test_main_write_and_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert main(["--check", str(tmp_path), "--config", str(EXAMPLE)]) == 1
     err = capsys.readouterr().err
     assert "gpu-half.yaml" in err and "gpu-extra.yaml" in err and POLICY_FILE in err
+    (tmp_path / "mine.yaml").write_text("# an admin's own file\n")
     assert main(["--write", str(tmp_path)]) == 0
     assert not (tmp_path / "gpu-sixteenth.yaml").exists(), "a class that went is removed"
+    assert (tmp_path / "mine.yaml").exists(), "a file it did not write is kept"
     assert main([]) == 0
     stream = list(yaml.safe_load_all(capsys.readouterr().out))
     assert [(d["kind"], d["metadata"]["name"]) for d in stream] == [

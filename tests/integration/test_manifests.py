@@ -604,7 +604,7 @@ def test_daemonset_arguments_parse_with_the_cli() -> None:
 
 
 def test_local_cluster_values_render_host_network_env_and_no_probes() -> None:
-    """The values the local test cluster installs with (hack/local_install.py): the node's
+    """The values the local test cluster installs with (devtools/localinstall.py): the node's
     network, extra env for the API server address, no metrics port and no probes."""
     objs = rendered_objects(
         "--set", "hostNetwork=true", "--set", "metricsPort=0",
