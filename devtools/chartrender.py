@@ -20,11 +20,13 @@ Needs helm (``hack/build-k8s helm`` builds it; ``$HELM`` overrides).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -96,8 +98,16 @@ def render(values: Mapping[str, Any]) -> list[dict[str, Any]]:
     Raises:
         RenderError: helm is not there, or it refused the values (its message).
     """
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
-        yaml.safe_dump(dict(values), f)
+    text = _helm_template(json.dumps(values, sort_keys=True))
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+@cache
+def _helm_template(values_json: str) -> str:
+    """``helm template`` of :data:`TEMPLATES` with these values, run once per values in a
+    process (classes and policies of one configuration come from one run)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        f.write(values_json)
         f.flush()
         shows = [arg for t in TEMPLATES for arg in ("--show-only", t)]
         argv = [helm_binary(), "template", RELEASE, str(CHART), "-f", f.name, *shows]
@@ -107,7 +117,7 @@ def render(values: Mapping[str, Any]) -> list[dict[str, Any]]:
             raise RenderError(f"{argv[0]}: {exc.strerror}; run hack/build-k8s helm") from None
     if done.returncode != 0:
         raise RenderError(f"helm template failed: {done.stderr.strip()}")
-    return [d for d in yaml.safe_load_all(done.stdout) if d]
+    return done.stdout
 
 
 def device_classes(**kw: Any) -> list[dict[str, Any]]:

@@ -1,5 +1,5 @@
 """Names derived from the driver's vocabulary (pure): DeviceClass names (``gpu-quarter``,
-``gpu-quarter-sm-sharing``, ``gpu-memory``), extended-resource names and label values.
+``gpu-quarter-sm-sharing``, ``gpu-memory``), the slots of product classes, and label values.
 
 Pure: the ResourceSlices (:mod:`dra_driver.publish.slices`), the occupancy command and the
 chart's DeviceClasses and sizing policies (``deployments/helm/gpu-fraction-dra/templates``,
@@ -46,12 +46,6 @@ def device_class_name(product: str | None, compute_mode: str) -> str:
 def label_value(text: str) -> str:
     """``text`` as a label value (at most 63 characters of ``[A-Za-z0-9_.-]``)."""
     return re.sub(r"[^A-Za-z0-9_.-]", "-", text)[:63].strip("-_.") or "dra-driver"
-
-
-def extended_resource_name(driver: str, compute_mode: str, product: str) -> str:
-    """``<driver>/<product>`` (time-slicing) or ``<driver>/<product>-<mode>``: the extended
-    resource a pod may request instead of a claim (``resources.limits``)."""
-    return f"{driver}/{product}{mode_suffix(compute_mode)}"
 
 
 def product_name_problem(name: str) -> str | None:
